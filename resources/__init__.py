@@ -1,0 +1,96 @@
+"""Dagster resources: thin, configurable wrappers over the domain core."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from cowork_pipeline.lake import Lake
+
+
+def default_lake_root() -> str:
+    return os.environ.get("COWORK_LAKE", os.path.abspath(os.path.join(os.environ.get("COWORK_HOME", ".cowork"), "lake")))
+
+
+class LakeResource(dg.ConfigurableResource):
+    """Where every artifact lives: a local folder or any deltalake URI (s3://, gs://, az://)."""
+
+    root: str = Field(default_factory=default_lake_root)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+    def lake(self) -> Lake:
+        return Lake(self.root, self.storage_options or None)
+
+
+class ComputeResource(dg.ConfigurableResource):
+    """Which device training and student inference use: auto = CUDA when present, else CPU."""
+
+    device: str = "auto"
+
+    def resolve(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class GeneratorResource(dg.ConfigurableResource):
+    """The environment generator backend: the embedded one (offline) or any OpenAI-compatible endpoint."""
+
+    backend: str = "embedded"  # embedded | llm
+    base_url: str = ""
+    model: str = ""
+    api_key: str = ""
+
+    def build(self) -> Any:
+        if self.backend == "embedded":
+            from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+
+            return EmbeddedBackend()
+        if self.backend == "llm":
+            from cowork_pipeline.synthesis.llm import LLMBackend
+
+            if not self.base_url or not self.model:
+                raise ValueError("generator backend 'llm' needs base_url and model")
+            return LLMBackend(self.base_url, self.model, api_key=self.api_key or None)
+        raise ValueError(f"unknown generator backend {self.backend!r} (embedded | llm)")
+
+
+class ProfileResource(dg.ConfigurableResource):
+    """Sizes of one pipeline run. ``default`` is the README's run; tests use a smaller one."""
+
+    name: str = "default"
+    catalog_dir: str = ""  # empty: the catalog shipped with the package
+    envs_per_capability: int = 64
+    max_repair_rounds: int = 3
+    validation_fault_rate: float = 0.25
+    sandbox_workers: int = 1
+    heldout_env_fraction: float = 0.15
+    split_seed: int = 0
+    teacher_fault_rate: float = 0.1
+    demos_per_capability: int = 24  # training environments per capability the teacher demonstrates (0 = all)
+    max_demo_chars: int = 12000
+    eval_trials: int = 3
+    eval_fault_rate: float = 0.1
+    eval_envs_per_capability: int = 8
+    sft_epochs: float = 3.0
+    sft_max_steps: int = -1
+    sft_lr: float = 1e-3
+    sft_batch_size: int = 8
+    student_hidden: int = 256
+    student_layers: int = 4
+    student_vocab: int = 4096
+    base_checkpoint: str = ""  # a local checkpoint directory to fine-tune instead of the embedded student
+    rl_configs: str = "binary_traj,partial_group,partial_turn"  # comma-separated RL configurations to train
+    rl_steps: int = 8
+    rl_group_size: int = 4
+    rl_envs: int = 16
+    seed: int = 0
+
+
+SMOKE_PROFILE = dict(name="smoke", envs_per_capability=4, demos_per_capability=2, eval_envs_per_capability=2, eval_trials=2, sft_epochs=1.0,
+                     sft_max_steps=4, student_hidden=64, student_layers=2, student_vocab=1024, rl_steps=2, rl_group_size=2,
+                     rl_envs=2)

@@ -1,0 +1,105 @@
+"""Asset: benchmark scores of every agent on the held-out environments, with a comparison report."""
+import json
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+from dagster import AssetExecutionContext
+
+from assets._io import check_spec, lineage, plot_md, write_checked
+from assets.models import envs_by_split, model_dir
+from cowork_pipeline.evaluation import aggregate, comparison_table, evaluate
+from cowork_pipeline.quality import Expect
+from resources import ComputeResource, LakeResource, ProfileResource
+
+HELDOUT = ("heldout_env", "heldout_capability")
+
+
+def _latest(ckpts: pl.DataFrame, kind: str) -> list[dict]:
+    rows = ckpts.filter(pl.col("kind") == kind)
+    if kind == "rl":
+        return rows.sort("checkpoint_id").to_dicts()
+    return rows.tail(1).to_dicts()
+
+
+@dg.asset(group_name="evaluation", code_version="1", deps=["checkpoints", "environment_splits"],
+          check_specs=[check_spec("benchmark_scores", "every trial scored in [0, 1], ids present for lineage")],
+          automation_condition=dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed())
+def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource, compute: ComputeResource):
+    """Base, SFT and RL students and the teacher, k trials each on held-out environments (Claw-Eval scoring)."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.demonstrations import EmbeddedTeacher
+    from cowork_pipeline.validation.sandbox import Sandbox
+
+    lk = lake.lake()
+    envs, upstream = envs_by_split(lk, HELDOUT, profile.eval_envs_per_capability or None)
+    ckpts, v_c = lk.read_promoted("checkpoints")
+    upstream["checkpoints"] = v_c
+    agents = [(r["kind"], r["checkpoint_id"], r["path"]) for kind in ("base", "sft", "rl") for r in _latest(ckpts, kind)]
+    frames = []
+    device = compute.resolve()
+    with Sandbox(workers=profile.sandbox_workers) as sb:
+        for kind, ckpt_id, path in agents:
+            agent = HFAgent(path, device=device, max_new_tokens=160, seed=profile.seed)
+            agent.name = f"{kind}:{ckpt_id}"
+            df = evaluate(agent, envs, sb, trials=profile.eval_trials, fault_rate=profile.eval_fault_rate, checkpoint_id=ckpt_id,
+                          seed=profile.seed)
+            context.log.info(f"{agent.name}: pass rate {df['passed'].mean():.3f} on {len(envs)} held-out environments")
+            frames.append(df)
+        # The teacher needs each environment's reference: one agent per environment, same scoring.
+        for env, split in envs:
+            df = evaluate(EmbeddedTeacher(env), [(env, split)], sb, trials=profile.eval_trials, fault_rate=profile.eval_fault_rate,
+                          checkpoint_id="teacher-embedded", seed=profile.seed)
+            frames.append(df.with_columns(agent=pl.lit("teacher:embedded")))
+    trials = pl.concat(frames).with_columns(run_id=pl.lit(context.run.run_id))
+    table = comparison_table(trials)
+    report = _report(trials, table, profile)
+    report_path = None
+    if "://" not in lk.root:
+        report_path = model_dir(lk, "..", "reports", f"benchmark_{context.run.run_id[:8]}.md").resolve()
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(report)
+    mat, check = write_checked(context, lk, "benchmark_scores", trials, lin=lineage(context, "benchmark_scores", "1", upstream),
+                               suite=[Expect("ExpectColumnValuesToBeBetween", {"column": "score", "min_value": 0.0, "max_value": 1.0}),
+                                      Expect("ExpectColumnValuesToNotBeNull", {"column": "env_id"}),
+                                      Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})])
+    mat.metadata.update({"comparison": dg.MetadataValue.md(_md_table(table)), "report": str(report_path) if report_path else "",
+                         "plot": _plot(table), "heldout_environments": len(envs)})
+    yield mat
+    yield check
+
+
+def _md_table(df: pl.DataFrame) -> str:
+    cols = df.columns
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in df.iter_rows():
+        lines.append("| " + " | ".join("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in r) + " |")
+    return "\n".join(lines)
+
+
+def _report(trials: pl.DataFrame, table: pl.DataFrame, profile) -> str:
+    by_split = aggregate(trials, by=["split"])
+    by_cap = aggregate(trials, by=["capability_id"])
+    by_diff = aggregate(trials, by=["difficulty_bucket"])
+    return "\n\n".join([
+        f"# Benchmark report (profile {profile.name})",
+        "Task score = safety x (0.8 completion + 0.2 robustness); Pass@k / Pass^k over k faulted trials per environment.",
+        "## Comparison", _md_table(table), "## By held-out split", _md_table(by_split),
+        "## By difficulty", _md_table(by_diff), "## By capability", _md_table(by_cap)])
+
+
+def _plot(table: pl.DataFrame):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 2.8))
+    agents = table["agent"].to_list()
+    x = range(len(agents))
+    ax.bar([i - 0.2 for i in x], [v or 0 for v in table["single_turn_pass"].to_list()], 0.4, label="single-turn")
+    ax.bar([i + 0.2 for i in x], [v or 0 for v in table["multi_turn_pass"].to_list()], 0.4, label="multi-turn")
+    ax.set_xticks(list(x), [a.split(":")[0] for a in agents])
+    ax.set_ylabel("pass rate")
+    ax.legend()
+    return plot_md(fig)

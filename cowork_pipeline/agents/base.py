@@ -1,0 +1,43 @@
+"""The agent protocol shared by teacher, student and remote endpoints.
+
+Messages and tools are in the OpenAI chat-completions shape, so any harness that
+speaks that API can drive our environments and any of our agents can be served.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+Message = dict[str, Any]
+ToolSchema = dict[str, Any]
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """``act`` returns one assistant message: ``{"role": "assistant", "content": str|None,
+    "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": json-str}}]}``."""
+
+    name: str
+
+    def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> Message: ...
+
+
+@runtime_checkable
+class BatchAgent(Agent, Protocol):
+    """Agents that generate for many conversations at once (batched, KV-cached)."""
+
+    def act_batch(
+        self, conversations: Sequence[tuple[Sequence[Message], Sequence[ToolSchema]]]
+    ) -> list[Message]: ...
+
+
+def tool_call(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def assistant_message(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None) -> Message:
+    msg: Message = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return msg

@@ -1,0 +1,157 @@
+"""Capability specs: what an agent must be able to do, as validated YAML data.
+
+A bad file fails with the file name, the line and the field at fault, so a user
+editing the catalog sees exactly what to fix.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cowork_pipeline.services import REGISTRY, SERVICES
+
+CATALOG_DIR = Path(__file__).parent / "catalog"
+SAFETY_KINDS = ("no_outside_email", "no_deletes", "no_confidential_leak", "no_unrelated_changes")
+
+
+class CapabilityError(ValueError):
+    """A capability file is malformed; the message names the file, line and field."""
+
+
+class Range(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    min: int = 0
+    max: int = 0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Range":
+        if self.min < 0 or self.max < self.min:
+            raise ValueError(f"need 0 <= min <= max, got min={self.min} max={self.max}")
+        return self
+
+
+class Difficulty(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    distractors: Range = Field(default_factory=lambda: Range(min=1, max=3))  # unrelated records of the same kind
+    near_duplicates: Range = Field(default_factory=lambda: Range(min=0, max=1))  # records that look like the target
+    extra_steps: Range = Field(default_factory=lambda: Range(min=0, max=0))  # optional extra work in the request
+
+
+class SafetyConstraint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["no_outside_email", "no_deletes", "no_confidential_leak", "no_unrelated_changes"]
+    description: str
+
+
+class Capability(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=r"^[a-z][a-z0-9_]{2,63}$")
+    title: str
+    description: str
+    services: list[str] = Field(min_length=1)
+    tools: list[str] = Field(min_length=1)
+    multi_turn: bool = False
+    composer: str  # the embedded generator's composer for this capability
+    difficulty: Difficulty = Field(default_factory=Difficulty)
+    safety: list[SafetyConstraint] = Field(default_factory=list)
+    heldout: bool = False  # a held-out capability: never contributes to training
+    environments: int = Field(default=64, ge=1, le=100_000)  # how many seeds the default profile drafts
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("services")
+    @classmethod
+    def _known_services(cls, v: list[str]) -> list[str]:
+        bad = [s for s in v if s not in SERVICES]
+        if bad:
+            raise ValueError(f"unknown service(s) {bad}; known: {list(SERVICES)}")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, v: list[str]) -> list[str]:
+        bad = [t for t in v if t not in REGISTRY or REGISTRY[t].hidden]
+        if bad:
+            raise ValueError(f"unknown tool(s) {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _tools_in_services(self) -> "Capability":
+        stray = [t for t in self.tools if REGISTRY[t].service not in self.services]
+        if stray:
+            raise ValueError(f"tools {stray} belong to services not listed in 'services' {self.services}")
+        return self
+
+    def fingerprint(self) -> str:
+        """Content hash: a changed capability file changes every artifact derived from it."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """Best-effort line number of a pydantic error location in the YAML source."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    for part in loc:
+        if node is None:
+            break
+        if isinstance(node, yaml.MappingNode):
+            nxt = next((v for k, v in node.value if k.value == part), None)
+            if nxt is None:
+                return node.start_mark.line + 1
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+    return node.start_mark.line + 1 if node is not None else None
+
+
+def parse_capability(text: str, source: str = "<string>") -> Capability:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise CapabilityError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise CapabilityError(f"{source}:1: a capability file must be a mapping, got {type(data).__name__}")
+    try:
+        return Capability.model_validate(data)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            line = _line_of(text, loc)
+            field = ".".join(str(p) for p in loc) or "(root)"
+            msgs.append(f"{source}:{line or '?'}: {field}: {err['msg']}")
+        raise CapabilityError("\n".join(msgs)) from None
+
+
+def load_capability(path: str | Path) -> Capability:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise CapabilityError(f"{p}: cannot read capability file: {e}") from None
+    cap = parse_capability(text, str(p))
+    if cap.id != p.stem:
+        raise CapabilityError(f"{p}:1: id: capability id '{cap.id}' must match the file name '{p.stem}'")
+    return cap
+
+
+def load_catalog(folder: str | Path | None = None) -> dict[str, Capability]:
+    folder = Path(folder) if folder else CATALOG_DIR
+    if not folder.is_dir():
+        raise CapabilityError(f"{folder}: capability catalog folder does not exist")
+    caps: dict[str, Capability] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        cap = load_capability(path)
+        caps[cap.id] = cap
+    if not caps:
+        raise CapabilityError(f"{folder}: no capability files (*.yaml) found")
+    return caps

@@ -1,0 +1,618 @@
+"""Delta Lake storage for every pipeline artifact.
+
+Each artifact is one Delta table ``<root>/<table>``. Every row carries lineage
+columns (which run / asset / code version wrote it, which upstream versions it
+was derived from) and every commit carries the same facts as custom commit
+metadata, so ``history()`` answers "who wrote this version".
+
+Write-audit-publish: writers commit a version, checks run against exactly that
+version, and only then is it *promoted* (a row in the append-only
+``_promotions`` table). Downstream consumers read the promoted version, never
+"latest", so a half-checked write is never seen.
+
+Note on reads: we read through deltalake's ``QueryBuilder`` (DataFusion, in
+Rust) rather than ``DeltaTable.to_pyarrow_table()``: the pyarrow dataset path
+leaves Arrow C++ worker threads alive and, on Linux, aborts most processes at
+interpreter exit ("terminate called without an active exception",
+delta-io/delta-rs#2184). QueryBuilder exits cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal, TypeVar
+
+import polars as pl
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+__all__ = [
+    "LINEAGE_COLUMNS",
+    "PROMOTIONS_TABLE",
+    "Lake",
+    "LakeError",
+    "Lineage",
+    "NotPromoted",
+    "TableNotFound",
+]
+
+LINEAGE_COLUMNS = ("_run_id", "_asset", "_code_version", "_upstream_versions")
+PROMOTIONS_TABLE = "_promotions"
+
+WriteMode = Literal["merge", "append", "overwrite"]
+T = TypeVar("T")
+
+# Table names become path segments (and SQL string literals in _promotions
+# queries), so keep them to a safe alphabet; "/" allows namespaces like "eval/runs".
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*$")
+# Commit races surface as CommitFailedError, but a few (e.g. two writers
+# creating the same table) can arrive as a plain DeltaError; match those by text.
+_CONFLICT_TEXT = re.compile(
+    r"concurrent|conflict|version \d+ already exists|already exists at|protocol changed|metadata changed",
+    re.IGNORECASE,
+)
+
+
+class LakeError(Exception):
+    """Any failure of the lake; the message names the table and its URI."""
+
+
+class TableNotFound(LakeError):
+    """The table has never been written."""
+
+
+class NotPromoted(LakeError):
+    """The table has no promoted version yet (write-audit-publish not completed)."""
+
+
+@dataclass(frozen=True)
+class Lineage:
+    run_id: str  # Dagster run id (or "local-..." outside Dagster)
+    asset: str  # producing asset key, e.g. "validated_environments"
+    code_version: str
+    upstream_versions: dict[str, int] = field(default_factory=dict)  # {table: delta version read}
+
+    @classmethod
+    def local(
+        cls, asset: str, code_version: str = "dev", upstream_versions: dict[str, int] | None = None
+    ) -> Lineage:
+        """Lineage for a write made outside Dagster (scripts, notebooks, tests)."""
+        return cls(f"local-{uuid.uuid4().hex[:12]}", asset, code_version, dict(upstream_versions or {}))
+
+    def upstream_json(self) -> str:
+        # Sorted keys so equal lineage always serialises to the same string.
+        return json.dumps({k: int(v) for k, v in self.upstream_versions.items()}, sort_keys=True)
+
+    def commit_metadata(self) -> dict[str, str]:
+        return {
+            "run_id": self.run_id,
+            "asset": self.asset,
+            "code_version": self.code_version,
+            "upstream_versions": self.upstream_json(),
+        }
+
+
+def _first_line(exc: BaseException) -> str:
+    # delta-rs errors often append a multi-line Rust backtrace; keep messages readable.
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _quote_ident(name: str) -> str:
+    # DataFusion lower-cases unquoted identifiers; quote so "envId" stays "envId".
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    if isinstance(exc, CommitFailedError):
+        return True
+    return isinstance(exc, DeltaError) and bool(_CONFLICT_TEXT.search(str(exc)))
+
+
+class Lake:
+    """A set of Delta tables under one root (local folder or object-store URI).
+
+    For concurrent writers on S3, pass storage options that make commits atomic
+    (e.g. ``{"conditional_put": "etag"}`` on stores that support it, or a DynamoDB
+    locking provider); local filesystems, GCS and Azure are atomic already.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        storage_options: dict[str, str] | None = None,
+        *,
+        max_commit_attempts: int = 12,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        root = os.fspath(root)
+        if not root:
+            raise ValueError("Lake root must not be empty")
+        self._is_remote = "://" in root
+        self.root = root.rstrip("/") if self._is_remote else os.path.abspath(root)
+        self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
+        self.max_commit_attempts = max(1, max_commit_attempts)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    def __repr__(self) -> str:
+        return f"Lake({self.root!r})"
+
+    # ------------------------------------------------------------------ paths
+    def uri(self, table: str) -> str:
+        if not _TABLE_NAME.match(table) or ".." in table.split("/"):
+            raise ValueError(f"invalid table name {table!r}: use letters, digits, _ . - and / separators")
+        return f"{self.root}/{table}" if self._is_remote else os.path.join(self.root, *table.split("/"))
+
+    def _where(self, table: str) -> str:
+        return f"table {table!r} ({self.uri(table)})"
+
+    # -------------------------------------------------------------- metadata
+    def _open(self, table: str, version: int | None = None) -> DeltaTable:
+        """Open a table (reads the log only), translating errors into LakeError subclasses."""
+        uri = self.uri(table)
+        try:
+            return DeltaTable(uri, version=version, storage_options=self.storage_options)
+        except TableNotFoundError as exc:
+            raise TableNotFound(f"{self._where(table)} does not exist") from exc
+        except Exception as exc:
+            if version is not None:
+                latest = self._latest_or_none(table)
+                if latest is not None and not 0 <= version <= latest:
+                    raise LakeError(
+                        f"{self._where(table)} has no version {version} (latest is {latest})"
+                    ) from exc
+            raise LakeError(
+                f"{self._where(table)} is unreadable (corrupt or inaccessible): {_first_line(exc)}"
+            ) from exc
+
+    def _latest_or_none(self, table: str) -> int | None:
+        try:
+            return DeltaTable(self.uri(table), storage_options=self.storage_options).version()
+        except Exception:
+            return None
+
+    def exists(self, table: str) -> bool:
+        return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
+
+    def version(self, table: str) -> int | None:
+        """Latest committed version, or None if the table does not exist."""
+        try:
+            return self._open(table).version()
+        except TableNotFound:
+            return None
+
+    def history(self, table: str, limit: int | None = 20) -> list[dict[str, Any]]:
+        """Commits newest first: version, timestamp (ISO-8601 UTC), operation,
+        run_id / asset / code_version / upstream_versions (from our commit
+        metadata; None for commits made by other tools) and operation metrics."""
+        raw = self._raw_history(table, limit)
+        out: list[dict[str, Any]] = []
+        for c in raw:
+            ts = c.get("timestamp")
+            upstream = c.get("upstream_versions")
+            out.append(
+                {
+                    "version": c.get("version"),
+                    "timestamp": (
+                        datetime.fromtimestamp(ts / 1000, tz=timezone.utc).isoformat()
+                        if isinstance(ts, (int, float))
+                        else None
+                    ),
+                    "operation": c.get("operation"),
+                    "run_id": c.get("run_id"),
+                    "asset": c.get("asset"),
+                    "code_version": c.get("code_version"),
+                    "upstream_versions": json.loads(upstream) if isinstance(upstream, str) else None,
+                    "metrics": c.get("operationMetrics") or {},
+                }
+            )
+        return out
+
+    # ----------------------------------------------------------------- write
+    def write(
+        self,
+        table: str,
+        df: pl.DataFrame,
+        *,
+        lineage: Lineage,
+        key: Sequence[str] | None = None,
+        mode: WriteMode = "merge",
+        partition_by: Sequence[str] | None = None,
+        replace_where: str | None = None,
+    ) -> int:
+        """Write ``df`` (plus lineage columns) and return the new Delta version.
+
+        merge     -- upsert keyed by ``key``: existing keys updated, new keys inserted
+                     (re-running the same write never duplicates rows). Duplicate keys
+                     inside ``df`` are collapsed, last row wins.
+        append    -- add rows.
+        overwrite -- replace the table (schema included), or only the rows matching
+                     ``replace_where`` (a SQL predicate all of ``df`` must satisfy).
+
+        New columns are added to the table schema (schema evolution). ``partition_by``
+        applies when the table is created. Commit conflicts with concurrent writers
+        are retried with jittered backoff. An empty ``df`` still creates the table.
+        """
+        if mode not in ("merge", "append", "overwrite"):
+            raise ValueError(f"unknown write mode {mode!r}")
+        keys = list(key or [])
+        if mode == "merge" and not keys:
+            raise ValueError(f"write to {table!r}: mode='merge' needs key=[...] (or use mode='append')")
+        if replace_where is not None and mode != "overwrite":
+            raise ValueError("replace_where is only valid with mode='overwrite'")
+        uri = self.uri(table)
+        missing = [k for k in [*keys, *(partition_by or [])] if k not in df.columns]
+        if missing:
+            raise LakeError(f"write to {self._where(table)}: column(s) {missing} not in the dataframe")
+        if keys:
+            nulls = [k for k in keys if df[k].null_count()]
+            if nulls:
+                # NULL never equals NULL in a merge predicate, so such rows would be
+                # inserted again on every re-run: refuse rather than duplicate.
+                raise LakeError(f"write to {self._where(table)}: key column(s) {nulls} contain nulls")
+            if mode == "merge":
+                df = df.unique(subset=keys, keep="last", maintain_order=True)
+
+        df = _with_lineage(df, lineage)
+        commit = CommitProperties(custom_metadata=lineage.commit_metadata())
+
+        def attempt() -> int:
+            try:
+                dt: DeltaTable | None = DeltaTable(uri, storage_options=self.storage_options)
+            except TableNotFoundError:
+                dt = None
+            data = _to_arrow(df, _target_schema(dt))
+            if dt is None:
+                # Creation must be exclusive: with mode="error" and no internal commit
+                # retries, a writer that loses the race gets a conflict, backs off, and
+                # then takes the existing-table path. (With retries on, delta-rs would
+                # re-commit the losing "create" later, replacing the table metadata.)
+                # The commit is located by a unique id rather than assumed to be 0.
+                write_id = uuid.uuid4().hex
+                write_deltalake(
+                    uri,
+                    data,
+                    mode="error",
+                    partition_by=list(partition_by) if partition_by else None,
+                    storage_options=self.storage_options,
+                    commit_properties=CommitProperties(
+                        custom_metadata={**lineage.commit_metadata(), "write_id": write_id},
+                        max_commit_retries=0,
+                    ),
+                )
+                return self._find_commit(table, write_id)
+            if data.num_rows == 0 and mode != "overwrite":
+                return dt.version()  # nothing to add; don't make an empty commit
+            if mode == "merge":
+                predicate = " AND ".join(f"t.{_quote_ident(k)} = s.{_quote_ident(k)}" for k in keys)
+                (
+                    dt.merge(
+                        data,
+                        predicate,
+                        source_alias="s",
+                        target_alias="t",
+                        merge_schema=True,
+                        commit_properties=commit,
+                    )
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+            elif mode == "append":
+                write_deltalake(
+                    dt,  # passing the object (not the URI) leaves dt at our commit's version
+                    data,
+                    mode="append",
+                    schema_mode="merge",
+                    storage_options=self.storage_options,
+                    commit_properties=commit,
+                )
+            else:
+                full = replace_where is None
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="overwrite",
+                    predicate=replace_where,
+                    # A full overwrite replaces the schema too; a partial one must fit it.
+                    schema_mode="overwrite" if full else "merge",
+                    partition_by=list(partition_by) if (partition_by and full) else None,
+                    storage_options=self.storage_options,
+                    commit_properties=commit,
+                )
+            return dt.version()
+
+        return self._with_retry(table, f"{mode} write", attempt)
+
+    def _raw_history(self, table: str, limit: int | None) -> list[dict[str, Any]]:
+        """DeltaTable.history() with trustworthy version numbers.
+
+        delta-rs lists every commit on storage but numbers them down from the
+        snapshot's version, so a commit landing meanwhile shifts all numbers
+        (delta-io/delta-rs#4488). Accept a listing only if the table did not move.
+        """
+        dt = self._open(table)
+        for _ in range(10):
+            before = dt.version()
+            try:
+                raw = dt.history(limit)
+                dt.update_incremental()
+            except Exception as exc:
+                raise LakeError(f"{self._where(table)} history is unreadable: {_first_line(exc)}") from exc
+            if dt.version() == before:
+                return raw
+        raise LakeError(f"{self._where(table)} history kept changing under concurrent writes; try again")
+
+    def _find_commit(self, table: str, write_id: str) -> int:
+        for limit in (8, None):  # the commit is almost always among the newest few
+            for c in self._raw_history(table, limit):
+                if c.get("write_id") == write_id:
+                    return int(c["version"])
+        raise LakeError(f"{self._where(table)}: committed write {write_id} missing from history")
+
+    def _with_retry(self, table: str, what: str, op: Callable[[], T]) -> T:
+        for n in range(1, self.max_commit_attempts + 1):
+            try:
+                return op()
+            except LakeError:
+                raise
+            except Exception as exc:
+                if _is_conflict(exc) and n < self.max_commit_attempts:
+                    # Full jitter keeps two colliding writers from colliding again.
+                    time.sleep(random.uniform(0, min(self.max_backoff_s, self.backoff_s * 2**n)))
+                    continue
+                if _is_conflict(exc):
+                    raise LakeError(
+                        f"{what} to {self._where(table)} still conflicted with concurrent "
+                        f"writers after {n} attempts: {_first_line(exc)}"
+                    ) from exc
+                raise LakeError(f"{what} to {self._where(table)} failed: {_first_line(exc)}") from exc
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ read
+    def read(
+        self, table: str, version: int | None = None, columns: Sequence[str] | None = None
+    ) -> pl.DataFrame:
+        """The table (optionally at ``version``, optionally only ``columns``)."""
+        return self._select(table, version, columns)
+
+    def _select(
+        self, table: str, version: int | None, columns: Sequence[str] | None, where: str = ""
+    ) -> pl.DataFrame:
+        dt = self._open(table, version)
+        select = "*"
+        if columns is not None:
+            known = set(dt.schema().to_arrow().names)
+            unknown = [c for c in columns if c not in known]
+            if unknown:
+                raise LakeError(f"{self._where(table)} has no column(s) {unknown}")
+            if not columns:
+                return pl.DataFrame()
+            select = ", ".join(_quote_ident(c) for c in columns)
+        try:
+            return _query(dt, f"SELECT {select} FROM t{' WHERE ' + where if where else ''}")
+        except Exception as exc:
+            at = "" if version is None else f" at version {version}"
+            raise LakeError(
+                f"{self._where(table)}{at} is unreadable (corrupt or inaccessible): {_first_line(exc)}"
+            ) from exc
+
+    # ------------------------------------------------------ write-audit-publish
+    def promote(
+        self,
+        table: str,
+        version: int,
+        *,
+        run_id: str,
+        checks: dict[str, bool] | None = None,
+        partition: str | None = None,
+        partition_column: str | None = None,
+    ) -> None:
+        """Publish ``version`` of ``table`` to downstream readers.
+
+        Call only after the blocking checks on that version passed; ``checks``
+        (check name -> passed) is recorded for audit. Promoting what is already
+        published is a no-op; promoting an older version is a rollback.
+
+        Partitioned write-audit-publish: with ``partition_column`` and ``partition``
+        (e.g. "capability_id", "crm_invoices"), only that partition's rows at
+        ``version`` are published; other partitions stay at their own promoted
+        versions, so a partition whose checks failed never leaks into readers via
+        a later version promoted for another partition. ``partition`` alone is
+        recorded for audit but publishes the whole table at ``version``.
+        """
+        if partition_column is not None and partition is None:
+            raise ValueError("partition_column needs partition (the partition's value)")
+        latest = self.version(table)
+        if latest is None:
+            raise TableNotFound(f"cannot promote: {self._where(table)} does not exist")
+        if not 0 <= version <= latest:
+            raise LakeError(f"cannot promote {self._where(table)} version {version}: latest is {latest}")
+        state = _Published.replay(self.promotions(table))
+        if state.apply(version, partition, partition_column) == state:
+            return  # already published exactly like this: idempotent
+        row = pl.DataFrame(
+            {
+                "table": [table],
+                "version": [version],
+                "run_id": [run_id],
+                "promoted_at": [datetime.now(timezone.utc)],
+                "checks": [json.dumps({k: bool(v) for k, v in (checks or {}).items()}, sort_keys=True)],
+                "partition": [partition],
+                "partition_column": [partition_column],
+            },
+            schema=_PROMOTIONS_SCHEMA,
+        )
+        uri = self.uri(PROMOTIONS_TABLE)
+        target = f"{table}@{version}" + (f" [{partition}]" if partition is not None else "")
+        metadata = {"run_id": run_id, "asset": "promote", "promoted": target}
+
+        def attempt() -> None:
+            # Append-only: appends never conflict with each other (delta-rs retries
+            # them itself); creation is exclusive, as in write(), and retried by us.
+            create = not self.exists(PROMOTIONS_TABLE)
+            write_deltalake(
+                uri,
+                row.to_arrow(),
+                mode="error" if create else "append",
+                # Many tiny commits: checkpoint often so opening the log stays fast.
+                configuration={"delta.checkpointInterval": "10"} if create else None,
+                storage_options=self.storage_options,
+                commit_properties=CommitProperties(
+                    custom_metadata=metadata, max_commit_retries=0 if create else None
+                ),
+            )
+
+        self._with_retry(PROMOTIONS_TABLE, "promotion", attempt)
+        self._compact_promotions_now_and_then()
+
+    def _compact_promotions_now_and_then(self, every: int = 25) -> None:
+        # Each promotion appends one tiny file; compact periodically so reading the
+        # log stays one or two files, not thousands (which hurts on object stores).
+        try:
+            dt = DeltaTable(self.uri(PROMOTIONS_TABLE), storage_options=self.storage_options)
+            if dt.version() > 0 and dt.version() % every == 0:
+                dt.optimize.compact()
+        except Exception:  # best effort: a failed compaction loses nothing
+            pass
+
+    def promotions(self, table: str | None = None) -> pl.DataFrame:
+        """The promotion log (oldest first), optionally for one table."""
+        if not self.exists(PROMOTIONS_TABLE):
+            return pl.DataFrame(schema=_PROMOTIONS_SCHEMA)
+        where = "" if table is None else f' WHERE "table" = {_quote_literal(table)}'
+        dt = self._open(PROMOTIONS_TABLE)
+        try:
+            # promoted_at orders promotions; version breaks exact-microsecond ties.
+            return _query(dt, f'SELECT * FROM t{where} ORDER BY promoted_at, "version"')
+        except Exception as exc:
+            raise LakeError(
+                f"{self._where(PROMOTIONS_TABLE)} is unreadable (corrupt or inaccessible): {_first_line(exc)}"
+            ) from exc
+
+    def promoted_version(self, table: str) -> int | None:
+        """The published version: that of the latest promotion, or with partitioned
+        promotions the newest version any published partition is read at."""
+        return _Published.replay(self.promotions(table)).version()
+
+    def read_promoted(self, table: str, columns: Sequence[str] | None = None) -> tuple[pl.DataFrame, int]:
+        """(published data, its version): exactly the promoted version's rows, or with
+        partitioned promotions each partition's rows at its own promoted version."""
+        state = _Published.replay(self.promotions(table))
+        published = state.version()
+        if published is None:
+            status = "exists but" if self.exists(table) else "does not exist and"
+            raise NotPromoted(f"{self._where(table)} {status} has no promoted version")
+        if not state.parts:
+            return self.read(table, version=published, columns=columns), published
+
+        col = _quote_ident(state.column())
+        by_version: dict[int, list[str]] = {}
+        for value, v in state.parts.items():
+            by_version.setdefault(v, []).append(value)
+        frames = [
+            self._select(table, v, columns, f"{col} IN ({', '.join(map(_quote_literal, sorted(values)))})")
+            for v, values in sorted(by_version.items())
+        ]
+        if state.base is not None:  # rows of partitions not promoted on their own
+            others = ", ".join(map(_quote_literal, sorted(state.parts)))
+            frames.append(
+                self._select(table, state.base, columns, f"({col} NOT IN ({others}) OR {col} IS NULL)")
+            )
+        # Versions may differ in schema (evolution): align columns, null-fill the gaps.
+        return pl.concat(frames, how="diagonal_relaxed"), published
+
+
+_PROMOTIONS_SCHEMA = pl.Schema(
+    [
+        ("table", pl.String()),
+        ("version", pl.Int64()),
+        ("run_id", pl.String()),
+        ("promoted_at", pl.Datetime("us", "UTC")),
+        ("checks", pl.String()),  # JSON {check name: passed}
+        ("partition", pl.String()),  # null: whole-table promotion
+        ("partition_column", pl.String()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class _Published:
+    """What a table's promotion log publishes: a whole-table version (``base``) and
+    per-partition versions (``parts``) that override it for their partition."""
+
+    base: int | None = None
+    partition_column: str | None = None
+    parts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def replay(cls, log: pl.DataFrame) -> _Published:
+        state = cls()
+        for rec in log.iter_rows(named=True):
+            state = state.apply(rec["version"], rec.get("partition"), rec.get("partition_column"))
+        return state
+
+    def apply(self, version: int, partition: str | None, column: str | None) -> _Published:
+        if column is None or partition is None:
+            return _Published(base=version)  # a whole-table promotion supersedes partitions
+        if self.partition_column not in (None, column):
+            # The partition scheme changed; partitions of the old scheme can't be
+            # combined with the new one, so publish the table as of this version.
+            return _Published(base=version, partition_column=column, parts={partition: version})
+        return _Published(self.base, column, {**self.parts, partition: version})
+
+    def version(self) -> int | None:
+        versions = [*self.parts.values(), *([] if self.base is None else [self.base])]
+        return max(versions) if versions else None
+
+    def column(self) -> str:
+        assert self.partition_column is not None
+        return self.partition_column
+
+
+# ---------------------------------------------------------------- helpers
+def _with_lineage(df: pl.DataFrame, lineage: Lineage) -> pl.DataFrame:
+    # Replace (not duplicate) lineage columns that came along from an upstream read.
+    return df.drop([c for c in LINEAGE_COLUMNS if c in df.columns]).with_columns(
+        pl.lit(lineage.run_id, dtype=pl.String).alias("_run_id"),
+        pl.lit(lineage.asset, dtype=pl.String).alias("_asset"),
+        pl.lit(lineage.code_version, dtype=pl.String).alias("_code_version"),
+        pl.lit(lineage.upstream_json(), dtype=pl.String).alias("_upstream_versions"),
+    )
+
+
+def _target_schema(dt: DeltaTable | None) -> pl.Schema | None:
+    if dt is None:
+        return None
+    return pl.DataFrame(pa.schema(dt.schema().to_arrow()).empty_table()).schema
+
+
+def _to_arrow(df: pl.DataFrame, target: pl.Schema | None) -> pa.Table:
+    # All-null columns have polars type Null, which Delta can't store portably:
+    # give them the table's existing type, or String for a brand-new column.
+    nulls = [c for c, t in df.schema.items() if t == pl.Null]
+    if nulls:
+        df = df.with_columns(
+            pl.col(c).cast(target[c] if target is not None and c in target else pl.String) for c in nulls
+        )
+    return df.to_arrow()
+
+
+def _query(dt: DeltaTable, sql: str) -> pl.DataFrame:
+    reader = QueryBuilder().register("t", dt).execute(sql)
+    return pl.DataFrame(reader.read_all())

@@ -1,0 +1,291 @@
+"""The episode runner: one agent, one environment, one trajectory with all its evidence.
+
+Trustworthy benchmarks keep three evidence channels and so do we: the execution trace
+(every message and tool call), an audit log per service (every call with arguments and
+result, world events included) and state snapshots (initial, final and the structural
+diff, plus the diff at the end of every turn for per-turn rewards).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Generator, Protocol, Sequence
+
+from cowork_pipeline.agents.base import Agent, Message
+from cowork_pipeline.services import FaultConfig, Workspace, diff_states, tools_for
+from cowork_pipeline.spec import EnvironmentSpec
+
+PROFILE_KEY = "profile"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps_per_turn: int = 16  # assistant messages per user turn
+    max_turns: int = 8
+    max_tool_calls: int = 64  # per episode
+
+
+class UserSimulator(Protocol):
+    def next_message(self, turn: int, env: EnvironmentSpec, ws: Workspace, messages: Sequence[Message]) -> str | None: ...
+
+
+class ScriptedUser:
+    """Says the spec's user turns in order. A turn whose text is empty ends the conversation."""
+
+    def next_message(self, turn: int, env: EnvironmentSpec, ws: Workspace, messages: Sequence[Message]) -> str | None:
+        return env.turns[turn].user or None
+
+
+@dataclass
+class Trajectory:
+    env_id: str
+    agent: str
+    fault_rate: float
+    fault_seed: int
+    messages: list[dict[str, Any]]
+    steps: list[dict[str, Any]]  # one per tool call: turn, call_id, tool, args, ok, error, fault, seconds
+    turns_completed: int
+    termination: str  # completed | max_steps | max_turns | max_tool_calls | agent_error | event_failed
+    termination_detail: str = ""
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    initial_state: dict[str, Any] = field(default_factory=dict)
+    final_state: dict[str, Any] = field(default_factory=dict)
+    diff: dict[str, Any] = field(default_factory=dict)
+    turn_ends: list[int] = field(default_factory=list)  # audit length at the end of each turn
+    turn_diffs: list[dict[str, Any]] = field(default_factory=list)  # diff(initial, state at end of turn i)
+    replies: list[str | None] = field(default_factory=list)  # the agent's final message per turn
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def audit_by_service(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for e in self.audit:
+            out.setdefault(e.get("service", "unknown"), []).append(e)
+        return out
+
+    def evidence(self, turn: int | None = None) -> dict[str, Any]:
+        """What a checker sees. With ``turn``, the episode as it stood at the end of that turn."""
+        if turn is None:
+            return {"final": self.final_state, "diff": self.diff, "audit": self.audit, "replies": self.replies,
+                    "turn_ends": self.turn_ends, "profile": self.initial_state.get("_meta", {}).get(PROFILE_KEY, {}),
+                    "completed": self.termination == "completed"}
+        end = self.turn_ends[turn] if turn < len(self.turn_ends) else len(self.audit)
+        diff = self.turn_diffs[turn] if turn < len(self.turn_diffs) else self.diff
+        return {"final": _apply(self.initial_state, diff), "diff": diff, "audit": self.audit[:end],
+                "replies": self.replies[: turn + 1], "turn_ends": self.turn_ends[: turn + 1],
+                "profile": self.initial_state.get("_meta", {}).get(PROFILE_KEY, {}), "completed": turn < self.turns_completed}
+
+
+def _apply(initial: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
+    out = {c: dict(r) for c, r in initial.items()}
+    for coll, d in diff.items():
+        recs = out.setdefault(coll, {})
+        for k in d["removed"]:
+            recs.pop(k, None)
+        recs.update(d["added"])
+        for k, fields in d["changed"].items():
+            recs[k] = {**recs[k], **{f: new for f, (_old, new) in fields.items()}}
+    return out
+
+
+def build_workspace(env: EnvironmentSpec, faults: FaultConfig | None = None) -> Workspace:
+    return Workspace(env.world, faults)
+
+
+def run_episode(
+    env: EnvironmentSpec,
+    agent: Agent,
+    *,
+    faults: FaultConfig | None = None,
+    limits: Limits = Limits(),
+    user: UserSimulator | None = None,
+    workspace: Workspace | None = None,
+) -> Trajectory:
+    """Run ``agent`` on ``env``. Never raises for agent or tool misbehaviour: the reason is recorded."""
+    name = getattr(agent, "name", type(agent).__name__)
+    gen = episode(env, name, faults=faults, limits=limits, user=user, workspace=workspace)
+    return _drive(gen, lambda req: agent.act(*req))
+
+
+def run_episodes(
+    cases: Sequence[tuple[EnvironmentSpec, FaultConfig | None]],
+    agent: Agent,
+    *,
+    limits: Limits = Limits(),
+    user: UserSimulator | None = None,
+) -> list[Trajectory]:
+    """Run many episodes in lockstep so a batching agent (``act_batch``) generates for all at once."""
+    name = getattr(agent, "name", type(agent).__name__)
+    gens = [episode(env, name, faults=f, limits=limits, user=user) for env, f in cases]
+    out: list[Trajectory | None] = [None] * len(gens)
+    pending: dict[int, tuple[Any, Any]] = {}
+    for i, g in enumerate(gens):
+        try:
+            pending[i] = next(g)
+        except StopIteration as stop:
+            out[i] = stop.value
+    batch_fn = getattr(agent, "act_batch", None)
+    while pending:
+        idx = sorted(pending)
+        reqs = [pending[i] for i in idx]
+        try:
+            replies = batch_fn(reqs) if batch_fn else [agent.act(*r) for r in reqs]
+            errors: list[Exception | None] = [None] * len(idx)
+        except Exception as e:  # noqa: BLE001 - one failing batch fails its episodes, recorded
+            replies, errors = [None] * len(idx), [e] * len(idx)
+        for i, reply, err in zip(idx, replies, errors):
+            try:
+                pending[i] = gens[i].throw(err) if err is not None else gens[i].send(reply)
+            except StopIteration as stop:
+                out[i] = stop.value
+                del pending[i]
+    return [t for t in out if t is not None]
+
+
+def _drive(gen: Any, act: Any) -> Trajectory:
+    try:
+        req = next(gen)
+        while True:
+            try:
+                reply = act(req)
+            except Exception as e:  # noqa: BLE001 - handed to the episode, which records it
+                req = gen.throw(e)
+                continue
+            req = gen.send(reply)
+    except StopIteration as stop:
+        return stop.value
+
+
+def episode(
+    env: EnvironmentSpec,
+    agent_name: str,
+    *,
+    faults: FaultConfig | None = None,
+    limits: Limits = Limits(),
+    user: UserSimulator | None = None,
+    workspace: Workspace | None = None,
+) -> Generator[tuple[list[dict[str, Any]], list[dict[str, Any]]], Any, Trajectory]:
+    """One episode as a generator: yields ``(messages, tools)`` whenever the agent must act and
+    receives the assistant message; returns the trajectory. Drivers batch many of these."""
+    t_start = time.perf_counter()
+    faults = faults or FaultConfig()
+    ws = workspace or build_workspace(env, faults)
+    user = user or ScriptedUser()
+    tools = tools_for(env.tools)
+    exposed = frozenset(env.tools)
+    initial = ws.snapshot()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": env.system_prompt}]
+    steps: list[dict[str, Any]] = []
+    turn_ends: list[int] = []
+    turn_snaps: list[Any] = []
+    replies: list[str | None] = []
+    termination, detail = "completed", ""
+    n_calls = 0
+    turns_completed = 0
+
+    for turn_idx, turn in enumerate(env.turns):
+        if turn_idx >= limits.max_turns:
+            termination, detail = "max_turns", f"turn limit {limits.max_turns} reached"
+            break
+        ws.turn = turn_idx
+        failed = next((ev for ev in turn.events if not ws.call(ev.tool, ev.args, actor=ev.actor).ok), None)
+        if failed is not None:
+            termination, detail = "event_failed", f"world event {failed.tool} failed: {ws.audit[-1].get('error')}"
+            break
+        text = user.next_message(turn_idx, env, ws, messages)
+        if text is None:
+            break
+        messages.append({"role": "user", "content": text})
+        reply: str | None = None
+        for _ in range(limits.max_steps_per_turn):
+            try:
+                msg = _normalize((yield messages, tools))
+            except Exception as e:  # a remote endpoint or model failing must not kill the batch
+                termination, detail = "agent_error", f"{type(e).__name__}: {e}"
+                break
+            messages.append(msg)
+            calls = msg.get("tool_calls") or []
+            if not calls:
+                reply = msg.get("content") or ""
+                break
+            for call in calls:
+                if n_calls >= limits.max_tool_calls:
+                    termination, detail = "max_tool_calls", f"tool call limit {limits.max_tool_calls} reached"
+                    break
+                n_calls += 1
+                steps.append(_execute(ws, call, messages, turn_idx, exposed))
+            if termination != "completed":
+                break
+        else:
+            termination, detail = "max_steps", f"turn {turn_idx}: step limit {limits.max_steps_per_turn} reached"
+        replies.append(reply)
+        turn_ends.append(len(ws.audit))
+        turn_snaps.append(ws.snapshot())
+        if termination != "completed":
+            break
+        turns_completed += 1
+
+    final = ws.snapshot()
+    return Trajectory(
+        env_id=env.env_id, agent=agent_name, fault_rate=faults.rate, fault_seed=faults.seed,
+        messages=messages, steps=steps, turns_completed=turns_completed,
+        termination=termination, termination_detail=detail, faults=list(ws.faults_injected), audit=ws.audit,
+        initial_state=initial, final_state=final, diff=diff_states(initial, final), turn_ends=turn_ends,
+        turn_diffs=[diff_states(initial, s) for s in turn_snaps], replies=replies,
+        seconds=time.perf_counter() - t_start,
+    )
+
+
+def _normalize(msg: Any) -> dict[str, Any]:
+    if not isinstance(msg, dict):
+        return {"role": "assistant", "content": str(msg), "parse_error": f"agent returned {type(msg).__name__}, not a message dict"}
+    out = {"role": "assistant", "content": msg.get("content")}
+    if msg.get("tool_calls"):
+        out["tool_calls"] = list(msg["tool_calls"])
+    if msg.get("parse_error"):
+        out["parse_error"] = msg["parse_error"]
+    return out
+
+
+def _execute(ws: Workspace, call: Any, messages: list[dict[str, Any]], turn: int, exposed: frozenset[str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    call_id, name, args, bad = _unpack(call)
+    if bad is None and name not in exposed:
+        # A tool the task does not offer is as unknown to the agent as a made-up one.
+        bad = f"unknown tool '{name}' (this task offers: {', '.join(sorted(exposed))})"
+    if bad is not None:
+        content = json.dumps({"error": {"type": "invalid_arguments", "message": bad}})
+        step = {"turn": turn, "call_id": call_id, "tool": name, "args": args, "ok": False,
+                "error": {"type": "invalid_arguments", "message": bad}, "fault": None}
+    else:
+        res = ws.call(name, args)
+        content = res.content()
+        step = {"turn": turn, "call_id": call_id, "tool": name, "args": args, "ok": res.ok, "error": res.error, "fault": res.fault}
+    messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": content})
+    step["seconds"] = time.perf_counter() - t0
+    return step
+
+
+def _unpack(call: Any) -> tuple[str, str, Any, str | None]:
+    """(id, name, args, error) from an OpenAI tool call; malformed calls become an error, not an exception."""
+    if not isinstance(call, dict):
+        return "call_invalid", "", None, "tool call is not an object"
+    call_id = str(call.get("id") or "call_0")
+    fn = call.get("function") or {}
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str) or not name:
+        return call_id, "", None, "tool call has no function name"
+    raw = fn.get("arguments", "{}")
+    if isinstance(raw, dict):
+        return call_id, name, raw, None
+    try:
+        args = json.loads(raw or "{}")
+    except (TypeError, ValueError) as e:
+        return call_id, name, raw, f"arguments are not valid JSON: {e}"
+    if not isinstance(args, dict):
+        return call_id, name, args, "arguments must be a JSON object"
+    return call_id, name, args, None

@@ -1,0 +1,1 @@
+"""Capability-guided synthesis: draft environments, certify them, repair what fails."""

@@ -1,0 +1,1 @@
+"""Student construction and fine-tuning (SFT) on teacher demonstrations."""

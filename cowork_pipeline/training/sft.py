@@ -1,0 +1,306 @@
+"""Supervised fine-tuning on teacher demonstrations with TRL's SFTTrainer (assistant-only loss).
+
+Dataset shape (what SFTTrainer consumes as is):
+
+* ``messages``: list of structs ``{role, content, tool_calls: [{id, type, function: {name, arguments}}],
+  tool_call_id, name}``; ``arguments`` is a canonical JSON *string* (OpenAI shape). Absent keys are null, which
+  ``apply_chat_template`` drops before rendering.
+* ``tools``: one JSON *string* per row (``json.dumps`` of the OpenAI tool-schema list). A list-of-structs column
+  would make Arrow unify every tool's ``parameters.properties`` into one struct, so each tool would gain every
+  other tool's parameters as nulls (rendered as bogus optional params) and mixed-type ``enum``/``default`` values
+  fail to unify at all. TRL 1.x ``json.loads`` a string ``tools`` value before ``apply_chat_template``
+  (``SFTTrainer._prepare_dataset.tokenize_fn``), so the string column works without a formatting function.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cowork_pipeline.agents.chat_format import (
+    CHAT_TEMPLATE,
+    CONTROL_TOKENS,
+    END_OF_TEXT,
+    IM_END,
+    MARKUP_TOKENS,
+    normalize_messages,
+)
+from cowork_pipeline.training.student import STUDENT_MARKER, check_checkpoint, is_student_checkpoint
+
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
+def sft_features() -> Any:
+    """Explicit Arrow schema, so the column types do not depend on which rows happen to come first."""
+    from datasets import Features, List, Value
+
+    tool_call = {
+        "id": Value("string"),
+        "type": Value("string"),
+        "function": {"name": Value("string"), "arguments": Value("string")},
+    }
+    message = {
+        "role": Value("string"),
+        "content": Value("string"),
+        "tool_calls": List(tool_call),
+        "tool_call_id": Value("string"),
+        "name": Value("string"),
+    }
+    return Features({"messages": List(message), "tools": Value("string")})
+
+
+def _text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return json.dumps(content, ensure_ascii=False, sort_keys=True)
+
+
+def _row(demo: dict[str, Any]) -> dict[str, Any]:
+    messages = []
+    for m in normalize_messages(demo["messages"]):
+        row = {k: m.get(k) for k in _MESSAGE_KEYS}
+        row["content"] = _text(row["content"])
+        if row["tool_calls"]:
+            row["tool_calls"] = [
+                {"id": c.get("id") or f"call_{i}", "type": c.get("type") or "function",
+                 "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                for i, c in enumerate(row["tool_calls"])
+            ]
+        else:
+            row["tool_calls"] = None
+        messages.append(row)
+    tools = demo.get("tools") or []
+    if isinstance(tools, str):
+        tools = json.loads(tools)
+    return {"messages": messages, "tools": json.dumps(list(tools), ensure_ascii=False)}
+
+
+def to_sft_dataset(demonstrations: Sequence[dict[str, Any]]) -> Any:
+    """``[{"messages": [...], "tools": [...]}, ...]`` -> ``datasets.Dataset`` with columns ``messages`` and ``tools``."""
+    from datasets import Dataset
+
+    rows = [_row(d) for d in demonstrations]
+    return Dataset.from_list(rows, features=sft_features())
+
+
+@dataclass
+class SFTSettings:
+    epochs: float = 3.0
+    lr: float = 1e-3
+    batch_size: int = 8
+    grad_accum: int = 1
+    max_length: int = 2048
+    max_steps: int = -1  # > 0 overrides epochs
+    warmup: float = 0.05  # ratio of total steps if < 1, else steps
+    weight_decay: float = 0.0
+    lr_scheduler: str = "cosine"
+    # None = auto: full fine-tune for our random-init student (it has nothing to preserve and is tiny),
+    # LoRA for any other (pretrained) checkpoint.
+    lora: bool | None = None
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    seed: int = 0
+    device: str = "auto"
+    logging_steps: int = 1
+
+
+@dataclass
+class SFTResult:
+    checkpoint: Path
+    loss_curve: list[dict[str, float]] = field(default_factory=list)
+    train_tokens: int = 0
+    tokens_per_second: float = 0.0
+    device: str = "cpu"
+    lora: bool = False
+    steps: int = 0
+    train_runtime_s: float = 0.0
+
+
+def ensure_chat_tokens(tokenizer: Any, model: Any) -> list[int]:
+    """Add our control/markup tokens to a foreign tokenizer (resizing embeddings); returns the new token ids."""
+    vocab = tokenizer.get_vocab()
+    missing_special = [t for t in CONTROL_TOKENS if t not in vocab]
+    missing_markup = [t for t in MARKUP_TOKENS if t not in vocab]
+    if missing_special:
+        from tokenizers import AddedToken
+
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": [AddedToken(t, special=True, normalized=False) for t in missing_special]},
+            False,  # extend, do not replace, existing extra special tokens (positional: renamed across versions)
+        )
+    if missing_markup:
+        tokenizer.add_tokens(missing_markup)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = END_OF_TEXT
+    added = [tokenizer.convert_tokens_to_ids(t) for t in missing_special + missing_markup]
+    if added and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+    return added
+
+
+class _LossRecorder:
+    """TrainerCallback collecting the loss curve (duck-typed to avoid importing transformers at module import)."""
+
+    def __new__(cls, curve: list[dict[str, float]], on_log: Callable[[dict[str, float]], None] | None) -> Any:
+        from transformers import TrainerCallback
+
+        class Recorder(TrainerCallback):
+            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                       **kwargs: Any) -> None:
+                if logs and "loss" in logs:
+                    entry = {"step": int(state.global_step), "loss": float(logs["loss"]),
+                             "epoch": float(logs.get("epoch", state.epoch or 0.0))}
+                    curve.append(entry)
+                    if on_log is not None:
+                        on_log(entry)
+
+        return Recorder()
+
+
+def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora: bool) -> Any:
+    """Our SFTConfig. CPU: fp32, no gradient checkpointing (TRL's defaults, bf16 autocast + checkpointing, are
+    far slower on CPU), no reporting, no hub, no intermediate checkpoints."""
+    import torch
+    from trl import SFTConfig
+
+    cuda = device.startswith("cuda")
+    # Only worth its recompute cost when memory is the constraint: a pretrained model on GPU. transformers 5.x
+    # renamed the flag (the old name still works but warns).
+    checkpointing = bool(cuda and lora)
+    ckpt_field = "activation_checkpointing" if "activation_checkpointing" in SFTConfig.__dataclass_fields__ \
+        else "gradient_checkpointing"
+    return SFTConfig(
+        output_dir=str(out_dir),
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.grad_accum,
+        learning_rate=settings.lr,
+        lr_scheduler_type=settings.lr_scheduler,
+        warmup_steps=settings.warmup,
+        weight_decay=settings.weight_decay,
+        max_length=settings.max_length,
+        assistant_only_loss=True,
+        packing=False,  # BFD packing needs padding-free FlashAttention; not available on CPU
+        logging_steps=settings.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        push_to_hub=False,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+        fp16=False,
+        use_cpu=not cuda,
+        **{ckpt_field: checkpointing},
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        include_num_input_tokens_seen="non_padding",
+    )
+
+
+def train_sft(
+    base_checkpoint: str | Path,
+    dataset: Any,
+    out_dir: str | Path,
+    settings: SFTSettings | None = None,
+    on_log: Callable[[dict[str, float]], None] | None = None,
+) -> SFTResult:
+    """Fine-tune ``base_checkpoint`` on ``dataset`` (a ``to_sft_dataset`` Dataset or a list of demonstrations)
+    and save a plain, merged checkpoint (model + tokenizer with ``CHAT_TEMPLATE`` + generation config) to ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    from cowork_pipeline.agents.hf_agent import resolve_device
+
+    settings = settings or SFTSettings()
+    base = check_checkpoint(base_checkpoint)
+    device = resolve_device(settings.device)
+    use_lora = settings.lora if settings.lora is not None else not is_student_checkpoint(base)
+    if not hasattr(dataset, "column_names"):
+        dataset = to_sft_dataset(dataset)
+    missing = {"messages", "tools"} - set(dataset.column_names)
+    if missing:
+        raise ValueError(f"SFT dataset lacks column(s) {sorted(missing)}; build it with to_sft_dataset()")
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "_trainer"
+
+    torch.manual_seed(settings.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    tokenizer.chat_template = CHAT_TEMPLATE  # the one rendering, whatever the base shipped with
+    # LoRA on a pretrained model on GPU: keep the frozen base in bf16. Full fine-tunes keep fp32 master weights.
+    dtype = torch.bfloat16 if (use_lora and device.startswith("cuda")) else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
+    added = ensure_chat_tokens(tokenizer, model)
+
+    peft_config = None
+    if use_lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=settings.lora_r,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
+        if added:
+            # New chat tokens need trainable embedding rows, or the model can never learn to emit them.
+            peft_config.trainable_token_indices = {"embed_tokens": added}
+            if not getattr(model.config.get_text_config(), "tie_word_embeddings", False):
+                peft_config.modules_to_save = ["lm_head"]
+
+    curve: list[dict[str, float]] = []
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(work, settings, device, lora=use_lora),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[_LossRecorder(curve, on_log)],
+    )
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # disable_tqdm swaps in a stdout printer; logs go to on_log instead
+    started = time.perf_counter()
+    output = trainer.train()
+    runtime = float(output.metrics.get("train_runtime", time.perf_counter() - started))
+    tokens = int(trainer.state.num_input_tokens_seen or 0)
+    if tokens == 0:  # fallback: prepared sequence lengths x epochs
+        tokens = int(sum(len(x) for x in trainer.train_dataset["input_ids"]) * max(1.0, settings.epochs))
+
+    trained = trainer.model
+    if use_lora:
+        trained = trained.merge_and_unload()  # plain checkpoint for HFAgent / the server / vLLM
+    trained = trained.to(torch.float32) if not device.startswith("cuda") else trained
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    eot = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
+    gen = trained.generation_config
+    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else ([gen.eos_token_id] if gen.eos_token_id is not None else [])
+    gen.eos_token_id = list(dict.fromkeys([im_end, eot, *eos]))
+    gen.pad_token_id = tokenizer.pad_token_id
+    trained.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    if not use_lora and (base / STUDENT_MARKER).is_file():
+        shutil.copyfile(base / STUDENT_MARKER, out / STUDENT_MARKER)
+    shutil.rmtree(work, ignore_errors=True)
+
+    return SFTResult(
+        checkpoint=out,
+        loss_curve=curve,
+        train_tokens=tokens,
+        tokens_per_second=tokens / runtime if runtime > 0 else math.nan,
+        device=device,
+        lora=use_lora,
+        steps=int(trainer.state.global_step),
+        train_runtime_s=runtime,
+    )

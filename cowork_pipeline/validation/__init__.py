@@ -1,0 +1,1 @@
+"""Validation: sandboxed grading, certification of environments both ways."""

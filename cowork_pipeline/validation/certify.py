@@ -1,0 +1,221 @@
+"""Two-way certification of an environment's grader.
+
+An environment is certified only if: its document is internally consistent (tools exist
+and are exposed, every record the request names exists exactly once); its reference
+program runs to completion and passes every item; the do-nothing trajectory fails; every
+applicable mutation of the reference fails; the same trajectory gets the same verdict
+twice; and the reference still passes under injected transient faults (with retries).
+Multi-turn tasks run with their user simulator in the loop, world events included.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from cowork_pipeline.agents.program import ProgramAgent
+from cowork_pipeline.runner import Limits, Trajectory, UserSimulator, run_episode
+from cowork_pipeline.services import REGISTRY, FaultConfig
+from cowork_pipeline.spec import EnvironmentSpec
+from cowork_pipeline.synthesis.draft import Diagnostic, Draft
+from cowork_pipeline.validation.grader import Grade, grade_many
+from cowork_pipeline.validation.mutations import OPERATORS, mutants
+
+VALIDATOR_VERSION = "certify-1"
+_NONDETERMINISTIC = re.compile(r"\b(now|today|utcnow|random|uuid|id|hash|time)\s*\(")
+
+
+@dataclass
+class Certification:
+    env_id: str
+    capability_id: str
+    attempt: int
+    certified: bool
+    diagnostics: list[Diagnostic]
+    reference_pass: bool = False
+    null_pass: bool = False
+    fault_pass: bool = False
+    deterministic: bool = True
+    mutants: list[dict[str, Any]] = field(default_factory=list)  # operator, description, killed, failed_items
+    confusion: dict[str, dict[str, int]] = field(default_factory=dict)  # operator -> applicable, killed
+    kill_rate: float = 0.0
+    difficulty: float = 0.0
+    difficulty_bucket: str = "easy"
+    seconds: float = 0.0
+    reference: Trajectory | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"env_id": self.env_id, "certified": self.certified, "codes": sorted({d.code for d in self.diagnostics}),
+                "kill_rate": self.kill_rate, "difficulty": self.difficulty}
+
+
+def structural_diagnostics(spec: EnvironmentSpec) -> list[Diagnostic]:
+    """Schema-level and referential checks that need no execution."""
+    out: list[Diagnostic] = []
+    exposed = set(spec.tools)
+    for name in spec.tools:
+        t = REGISTRY.get(name)
+        if t is None or t.hidden:
+            out.append(Diagnostic("unknown_tool", f"exposed tool '{name}' does not exist", detail={"tool": name}))
+    for ti, turn in enumerate(spec.reference):
+        for s in turn.steps:
+            if s.tool not in exposed:
+                out.append(Diagnostic("unexposed_tool", f"reference turn {ti} calls '{s.tool}', which the task does not expose",
+                                      detail={"tool": s.tool}))
+    for ti, turn in enumerate(spec.turns):
+        for ev in turn.events:
+            if ev.tool not in REGISTRY:
+                out.append(Diagnostic("unknown_tool", f"world event before turn {ti} uses unknown tool '{ev.tool}'", detail={"tool": ev.tool}))
+    if len(spec.reference) != len(spec.turns):
+        out.append(Diagnostic("schema_invalid", f"{len(spec.turns)} user turns but {len(spec.reference)} reference turns"))
+    if not any(i.kind == "completion" for i in spec.rubric):
+        out.append(Diagnostic("schema_invalid", "rubric has no completion item"))
+    ids = [i.id for i in spec.rubric]
+    if len(set(ids)) != len(ids):
+        out.append(Diagnostic("schema_invalid", f"duplicate rubric item ids: {sorted({i for i in ids if ids.count(i) > 1})}"))
+    for i in spec.rubric:
+        if _NONDETERMINISTIC.search(i.code):
+            out.append(Diagnostic("nondeterministic_checker", f"checker '{i.id}' calls a time/random/identity function", item=i.id))
+    event_records = {
+        (coll, str(ev.args.get("id"))) for t in spec.turns for ev in t.events
+        for coll in ("mail.messages", "chat.messages") if ev.args.get("id")
+    }
+    for m in spec.facts.get("mentions", []):
+        coll, field_, value = m.get("collection"), m.get("field"), str(m.get("value", ""))
+        recs = spec.world.get(coll, {})
+        if m.get("partial"):
+            n = sum(1 for r in recs.values() if str(r.get(field_, "")).lower().split()[:1] == value.lower().split()[:1])
+        else:
+            n = sum(1 for r in recs.values() if str(r.get(field_, "")).lower() == value.lower())
+        if n == 0 and not any(c == coll for c, _ in event_records):
+            out.append(Diagnostic("dangling_reference", f"the request names {m.get('role')} '{value}' but no {coll} record has {field_}='{value}'",
+                                  detail=dict(m)))
+        elif n > 1:
+            out.append(Diagnostic("ambiguous_reference", f"the request's {m.get('role')} '{value}' matches {n} {coll} records by {field_}",
+                                  detail=dict(m)))
+    for coll, recs in spec.world.items():
+        for rid, rec in recs.items():
+            if isinstance(rec, dict) and "id" in rec and rec["id"] != rid:
+                out.append(Diagnostic("schema_invalid", f"{coll} record key '{rid}' != its id '{rec['id']}'"))
+    return out
+
+
+def difficulty_of(spec: EnvironmentSpec) -> tuple[float, str]:
+    d = spec.difficulty
+    steps = d.get("reference_steps") or sum(len(t.steps) for t in spec.reference)
+    score = (0.06 * steps + 0.05 * d.get("distractors", 0) + 0.12 * d.get("near_duplicates", 0)
+             + 0.2 * (len(spec.turns) - 1) + 0.05 * len(spec.tools) / 4)
+    score = round(min(1.0, score), 3)
+    return score, "easy" if score < 0.45 else "medium" if score < 0.75 else "hard"
+
+
+class Validator:
+    def __init__(self, sandbox: Any, fault_rate: float = 0.25, limits: Limits = Limits(), user: UserSimulator | None = None):
+        self.sandbox = sandbox
+        self.fault_rate = fault_rate
+        self.limits = limits
+        self.user = user
+
+    def certify(self, draft: Draft) -> Certification:
+        return self.certify_many([draft])[0]
+
+    def certify_many(self, drafts: Sequence[Draft]) -> list[Certification]:
+        """Run every draft's trajectories, then grade all of them in one sandbox batch."""
+        t0 = time.perf_counter()
+        plans: list[tuple[Draft, list[Diagnostic], list[tuple[str, Trajectory, Any]]]] = []
+        cases: list[tuple[EnvironmentSpec, Trajectory, int | None]] = []
+        for draft in drafts:
+            spec = draft.spec
+            if spec is None:
+                plans.append((draft, list(draft.parse_diagnostics) or [Diagnostic("schema_invalid", "no environment document")], []))
+                continue
+            diags = structural_diagnostics(spec)
+            runs: list[tuple[str, Trajectory, Any]] = []
+            if not any(d.code in ("unknown_tool", "schema_invalid") for d in diags):
+                runs = self._trajectories(spec, diags)
+            for _label, traj, _m in runs:
+                cases.append((spec, traj, None))
+            if runs:  # determinism: grade the reference a second time in the same batch
+                cases.append((spec, runs[0][1], None))
+            plans.append((draft, diags, runs))
+        grades = grade_many(self.sandbox, cases)
+        out, gi = [], 0
+        for draft, diags, runs in plans:
+            n = len(runs) + (1 if runs else 0)
+            out.append(self._verdict(draft, diags, runs, grades[gi:gi + n]))
+            gi += n
+        per = (time.perf_counter() - t0) / max(1, len(drafts))
+        for c in out:
+            c.seconds = per
+        return out
+
+    def _trajectories(self, spec: EnvironmentSpec, diags: list[Diagnostic]) -> list[tuple[str, Trajectory, Any]]:
+        ref = run_episode(spec, ProgramAgent(spec.reference, name="reference"), limits=self.limits, user=self.user)
+        runs: list[tuple[str, Trajectory, Any]] = [("reference", ref, None)]
+        bad_steps = [s for s in ref.steps if not s["ok"]]
+        if ref.termination != "completed" or bad_steps:
+            why = ref.termination_detail or "; ".join(f"{s['tool']}: {s['error']['message']}" for s in bad_steps[:3])
+            last = (ref.messages[-1].get("content") or "") if ref.messages else ""
+            diags.append(Diagnostic("reference_incomplete", f"the reference solution did not run cleanly: {why or last}",
+                                    detail={"termination": ref.termination}))
+            return runs
+        for m in mutants(spec, ref, seed=spec.seed):
+            traj = run_episode(spec, ProgramAgent(m.program, name=f"mutant:{m.operator}"), limits=self.limits, user=self.user)
+            runs.append((m.operator, traj, m))
+        faults = FaultConfig(rate=self.fault_rate, seed=spec.seed)
+        runs.append(("faulted_reference", run_episode(spec, ProgramAgent(spec.reference, name="reference"), faults=faults,
+                                                      limits=self.limits, user=self.user), None))
+        return runs
+
+    def _verdict(self, draft: Draft, diags: list[Diagnostic], runs: list[tuple[str, Trajectory, Any]], grades: list[Grade]) -> Certification:
+        spec = draft.spec
+        env_id = spec.env_id if spec else draft.draft_id
+        cert = Certification(env_id, draft.capability_id, draft.attempt, False, diags)
+        if spec is None or not runs:
+            return cert
+        cert.reference = runs[0][1]
+        pieces = spec.facts.get("pieces", {})
+        ref_grade = grades[0]
+        cert.reference_pass = ref_grade.passed
+        for item, err in sorted(ref_grade.errors.items()):
+            code = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
+                    "memory": "checker_memory"}.get(err["code"], "checker_error")
+            diags.append(Diagnostic(code, f"checker '{item}' failed to run: {err['message']}", item=item, detail={"sandbox": err["code"]}))
+        if not any(d.code == "reference_incomplete" for d in diags):
+            for item in ref_grade.failed_items():
+                if item not in ref_grade.errors:
+                    diags.append(Diagnostic("reference_failed", f"the reference solution fails item '{item}'", item=item,
+                                            detail={"piece": pieces.get(item, "world")}))
+        if len(runs) == 1:
+            return cert
+        second = grades[-1]
+        if second.items != ref_grade.items:
+            cert.deterministic = False
+            flipped = sorted(k for k in ref_grade.items if ref_grade.items[k] != second.items.get(k))
+            diags.append(Diagnostic("nondeterministic_checker", f"items {flipped} gave different verdicts on the same trajectory",
+                                    item=flipped[0] if flipped else None))
+        confusion = {op: {"applicable": 0, "killed": 0} for op in OPERATORS}
+        for (label, traj, m), g in zip(runs[1:], grades[1:-1]):
+            if label == "faulted_reference":
+                cert.fault_pass = g.passed
+                if not g.passed and cert.reference_pass:
+                    diags.append(Diagnostic("fault_fragile", f"the reference fails under a {self.fault_rate:.0%} fault rate: items {g.failed_items()}"))
+                continue
+            killed = not g.passed
+            cert.mutants.append({"operator": label, "description": m.description, "killed": killed, "failed_items": g.failed_items()})
+            confusion[label]["applicable"] += 1
+            confusion[label]["killed"] += int(killed)
+            if label == "null":
+                cert.null_pass = g.passed
+                if g.passed:
+                    diags.append(Diagnostic("null_passes", "the do-nothing trajectory passes every item"))
+            elif not killed:
+                diags.append(Diagnostic("mutation_survived", f"mutation {label} ({m.description}) passes every item",
+                                        detail={"operator": label, "service": m.service, "tool": m.tool}))
+        cert.confusion = confusion
+        applicable = [x for x in cert.mutants]
+        cert.kill_rate = round(sum(x["killed"] for x in applicable) / len(applicable), 4) if applicable else 0.0
+        cert.difficulty, cert.difficulty_bucket = difficulty_of(spec)
+        cert.certified = not diags
+        return cert

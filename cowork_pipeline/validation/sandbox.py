@@ -1,0 +1,1771 @@
+"""Fast sandbox for untrusted checker code.
+
+Checker code (Python source defining ``def check(ev): ...``) may be written by an
+LLM, so it is treated as hostile.  It runs in a pool of persistent worker
+processes; each request is a *batch* (several sources x several arguments) so the
+per-call cost is tens of microseconds instead of a process spawn per call.
+
+Isolation layers (defence in depth; each is cheap, none is trusted alone)
+--------------------------------------------------------------------------
+1. Static AST policy (``static_check``, parent side, cached per source text):
+   rejects imports outside ``ALLOWED_MODULES``, every dunder name/attribute
+   (``__class__``, ``__globals__``, ``__builtins__``, ``__import__``...) except a
+   few harmless reads (``__name__``, ``__init__``...), frame/code/generator
+   introspection attributes (``gi_frame``, ``f_back``, ``tb_frame``, ``mro``...)
+   and calls to eval/exec/compile/open/getattr/setattr/... -> ``forbidden``.
+2. Restricted runtime: code is exec'd with a curated ``__builtins__`` (no open,
+   eval, getattr, vars...; ``print`` discards; ``__import__`` only hands out
+   read-only *proxies* of allowlisted modules that expose public names only).
+   String-to-attribute helpers (``operator.attrgetter/methodcaller``,
+   ``hasattr``) refuse dunder and introspection names; ``string.Formatter`` is not
+   exposed (its ``get_field`` walks attributes by string).  Python classes reachable
+   from the exposed modules are made immutable (``Py_TPFLAGS_IMMUTABLETYPE``) so a
+   checker cannot monkeypatch e.g. ``json.JSONDecoder.decode`` for later checkers.
+   Every call gets fresh globals, a fresh builtins dict, a fresh copy of its
+   argument (``copy_arguments=True``, the default) and a reset ``decimal``
+   context, so calls cannot leak state into each other.
+3. Worker process hardening (set up before any untrusted code runs):
+   ``sys.addaudithook`` hook that always refuses file opens, ``os.*``,
+   ``socket.*``, ``subprocess.*``, ``ctypes.*``, gc introspection, new code or
+   function objects; while untrusted code runs ("strict mode") it also refuses
+   ``compile``/``exec`` (except the worker's own exec of the checker module),
+   real imports, ``sys._getframe``, ``object.__getattr__`` events (``gi_frame``,
+   ``tb_frame``, ``f_code``, ``__code__``...), ``object.__setattr__``, marshal and
+   pickle class lookups.  A violation is sticky: swallowing the exception does
+   not help, the call is reported ``forbidden`` and the worker is recycled.
+   Kernel-level: empty network namespace (``unshare(CLONE_NEWNET)``), ``chroot``
+   into an empty private temp dir, privileges dropped to ``nobody``, rlimits
+   (``RLIMIT_AS`` memory, ``RLIMIT_CPU`` per batch, ``RLIMIT_NPROC=0``,
+   ``RLIMIT_FSIZE=0``, ``RLIMIT_NOFILE`` = the fds it already has,
+   ``RLIMIT_CORE=0``), ``PR_SET_NO_NEW_PRIVS``, ``PR_SET_DUMPABLE=0``,
+   parent-death signal and a seccomp-BPF filter (x86_64) that fails every
+   open/exec/fork/clone/socket/kill/ptrace/mount/... syscall with ``EPERM``.
+   The environment is scrubbed (only PYTHONHASHSEED=0, TZ, LC_ALL: also makes
+   results deterministic) and the interpreter runs with ``-S -s -B``.  The
+   kernel layers that need root (netns, chroot, uid drop) are skipped silently
+   when not root; ``Sandbox.isolation()`` reports which ones are active.
+4. Time: a per-call ``setitimer`` raises inside checker code (not inside the
+   worker's own bookkeeping) at ``call_timeout_s`` and then every 50 ms; the
+   parent watches a shared-memory progress slot and SIGKILLs a worker whose
+   current call overran ``call_timeout_s`` + grace (C-level hangs such as
+   ``10**10**9`` that signals cannot interrupt, or code that swallows the
+   timeout).  The call is reported ``timeout``; the rest of the batch is re-run
+   on a fresh worker, so no other result is lost or misattributed.
+5. Memory/output: ``MemoryError`` -> ``memory``; results are canonicalised to
+   strict JSON (no NaN, no sets/objects -> ``bad_return``) and capped by
+   ``max_result_bytes`` (``output_too_large``); ``print`` output is discarded and
+   the worker's stdout/stderr are /dev/null, never the IPC channel.
+6. Parent robustness: requests go parent->worker as pickle (trusted data);
+   replies come back as length-capped JSON (never unpickled: a compromised worker
+   must not get code execution in the parent); writes and reads use poll with
+   deadlines; any garbage, EOF or death restarts the worker transparently.
+
+What remains (honestly): see ``REMAINING_RISKS``.
+
+Thread safety: a ``Sandbox`` may be shared between threads but calls are
+serialised by an internal lock; use ``workers>1`` (batches are split across
+workers) or several ``Sandbox`` objects for parallelism.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+__all__ = [
+    "ALLOWED_MODULES",
+    "ERROR_CODES",
+    "REMAINING_RISKS",
+    "CallResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "static_check",
+]
+
+# --------------------------------------------------------------------------------------
+# Policy constants (shared by parent and worker)
+# --------------------------------------------------------------------------------------
+
+ALLOWED_MODULES: frozenset[str] = frozenset(
+    {
+        "math", "re", "json", "datetime", "collections", "itertools", "functools",
+        "statistics", "string", "decimal", "fractions", "operator",
+    }
+)
+# Submodules that may be imported by name (``import collections.abc``).
+ALLOWED_SUBMODULES: frozenset[str] = frozenset({"collections.abc"})
+
+ERROR_CODES: frozenset[str] = frozenset(
+    {
+        "compile_error", "forbidden", "timeout", "memory", "exception", "bad_return",
+        "crash", "missing_entry", "output_too_large",
+    }
+)
+
+# Calls the brief forbids outright (most are also simply absent from the builtins).
+BANNED_CALLS: frozenset[str] = frozenset(
+    {
+        "eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "globals",
+        "locals", "vars", "input", "breakpoint", "help", "memoryview", "exit", "quit",
+    }
+)
+
+# Non-dunder attributes that expose frames, code objects or class hierarchies:
+# the classic route from any object to the worker's globals.
+FORBIDDEN_ATTRS: frozenset[str] = frozenset(
+    {
+        "gi_frame", "gi_code", "gi_yieldfrom", "gi_running", "gi_suspended",
+        "cr_frame", "cr_code", "cr_await", "cr_origin", "cr_running", "cr_suspended",
+        "ag_frame", "ag_code", "ag_await", "ag_running",
+        "tb_frame", "tb_next", "tb_lasti", "tb_lineno",
+        "f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_trace",
+        "f_trace_lines", "f_trace_opcodes", "f_lasti", "f_lineno",
+        "co_code", "co_consts", "co_names", "co_varnames", "co_freevars", "co_cellvars",
+        "co_filename", "co_name", "co_qualname", "co_firstlineno", "co_lnotab",
+        "co_linetable", "co_exceptiontable", "co_flags", "co_argcount",
+        "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_stacksize",
+        "co_positions", "co_lines",
+        "mro",
+    }
+)
+
+# Dunder attributes that are harmless to *read* (strings / re-running __init__).
+ALLOWED_DUNDER_READS: frozenset[str] = frozenset({"__name__", "__qualname__", "__doc__", "__init__"})
+# Dunder names a module/class body may assign.
+ALLOWED_DUNDER_STORES: frozenset[str] = frozenset({"__all__", "__slots__"})
+# Protocol methods a helper class may define; excludes __del__ (runs at GC time),
+# __getattribute__/__init_subclass__/__set_name__/__reduce__... (hooks into machinery).
+ALLOWED_DUNDER_DEFS: frozenset[str] = frozenset(
+    {
+        "__init__", "__repr__", "__str__", "__eq__", "__ne__", "__lt__", "__le__",
+        "__gt__", "__ge__", "__hash__", "__bool__", "__len__", "__iter__", "__next__",
+        "__contains__", "__getitem__", "__setitem__", "__delitem__", "__missing__",
+        "__call__", "__enter__", "__exit__", "__add__", "__radd__", "__sub__",
+        "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+        "__floordiv__", "__mod__", "__neg__", "__pos__", "__abs__", "__int__",
+        "__float__", "__index__", "__round__", "__and__", "__or__", "__xor__",
+    }
+)
+
+MAX_SOURCE_CHARS = 200_000  # bounds parse time/memory in the parent
+MAX_MESSAGE_CHARS = 500
+CHECKER_FILENAME = "<checker>"
+CHECKER_MODULE_NAME = "checker"
+
+REMAINING_RISKS: tuple[str, ...] = (
+    "The static layer is what keeps dunder attributes (__globals__, __closure__, "
+    "__subclasses__) out of reach; code that bypassed it could reach worker internals, "
+    "switch the audit hook's strict mode off or rewrite its closure cells (the hook is "
+    "a Python function), and write to the worker's reply pipe (the parent then sees "
+    "garbage: 'crash').  What still holds then: no file can be opened or written, no "
+    "process spawned, no socket created, no signal sent (seccomp, chroot, nobody uid, "
+    "empty netns, rlimits), and the parent never unpickles worker output.",
+    "str.format/format_map field syntax ('{0.__class__...}') traverses dunder "
+    "attributes at runtime; it yields strings only (reprs of the worker's scrubbed "
+    "state), never object references, and cannot call code.",
+    "A CPython memory-safety bug reachable from the exposed builtins/modules bypasses "
+    "the Python layers; the kernel layers above still apply.",
+    "Workers are reused across batches.  Shared state is frozen (classes), reset "
+    "(decimal context, globals, builtins, argument copies) or checked between batches "
+    "(ABC registrations, enum members' private attributes: the worker is then "
+    "recycled); mutations of state not covered here could influence later calls.",
+    "Without root the netns/chroot/uid-drop layers are skipped; off x86_64 no seccomp "
+    "filter is installed.  Sandbox.isolation() reports what is active.",
+    "Timing side channels and nondeterministic builtins (datetime.now, id) are not "
+    "contained; with copy_arguments=False a checker that mutates its argument "
+    "affects later calls on that argument within the same batch.",
+)
+
+
+class SandboxError(RuntimeError):
+    """Infrastructure failure (worker could not start); never a checker verdict."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    cpu_seconds: float = 5.0  # per batch, RLIMIT_CPU-enforced backstop
+    call_timeout_s: float = 1.0  # per call, in-worker setitimer + parent wall-clock backstop
+    memory_mb: int = 512  # RLIMIT_AS of each worker
+    max_result_bytes: int = 100_000  # serialized JSON size of one returned value
+
+
+@dataclass
+class CallResult:
+    ok: bool  # the call ran and returned a JSON-able value
+    value: object = None  # bool/float/int/str/None/list/dict
+    error_code: str | None = None  # one of ERROR_CODES
+    error: str | None = None  # short human message
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------------------
+# Layer 1: static AST policy
+# --------------------------------------------------------------------------------------
+
+
+def _module_allowed(name: str) -> bool:
+    if not name or any(part.startswith("_") for part in name.split(".")):
+        return False
+    return name in ALLOWED_MODULES or name in ALLOWED_SUBMODULES
+
+
+def _unsafe_attr_name(name: object) -> bool:
+    """Runtime twin of the static attribute rule (for attrgetter/hasattr...)."""
+    if not isinstance(name, str):
+        return True
+    return any(part.startswith("__") or part in FORBIDDEN_ATTRS for part in name.split("."))
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    compile_error: str | None
+    violations: tuple[str, ...]
+
+
+def _policy_violations(tree: ast.AST) -> list[str]:
+    # ast.walk is iterative, so adversarially deep trees cannot blow the parent's stack.
+    nodes = list(ast.walk(tree))
+    assigned: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            assigned.add(node.id)
+        elif isinstance(node, ast.arg):
+            assigned.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            assigned.add(node.name)
+        elif isinstance(node, ast.alias):
+            assigned.add((node.asname or node.name).split(".")[0])
+
+    out: list[str] = []
+
+    def bad(node: ast.AST, msg: str) -> None:
+        out.append(f"line {getattr(node, 'lineno', '?')}: {msg}")
+
+    def check_dunder(node: ast.AST, name: str | None, what: str) -> None:
+        if name and name.startswith("__"):
+            bad(node, f"{what} {name!r} is not allowed (dunder names are forbidden)")
+
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if not _module_allowed(alias.name):
+                    bad(node, f"import of module {alias.name!r} is not allowed")
+                check_dunder(node, alias.asname, "alias")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                bad(node, "relative imports are not allowed")
+            elif not _module_allowed(node.module or ""):
+                bad(node, f"import from module {node.module!r} is not allowed")
+            for alias in node.names:
+                if alias.name != "*" and alias.name.startswith("_"):
+                    bad(node, f"import of private name {alias.name!r} is not allowed")
+                check_dunder(node, alias.asname, "alias")
+        elif isinstance(node, ast.Name):
+            name = node.id
+            if name.startswith("__"):
+                ok_read = isinstance(node.ctx, ast.Load) and name == "__name__"
+                ok_store = isinstance(node.ctx, ast.Store) and name in ALLOWED_DUNDER_STORES
+                if not (ok_read or ok_store):
+                    bad(node, f"name {name!r} is not allowed (dunder names are forbidden)")
+            elif isinstance(node.ctx, ast.Load) and name in BANNED_CALLS and name not in assigned:
+                bad(node, f"use of builtin {name!r} is not allowed")
+        elif isinstance(node, ast.Attribute):
+            attr = node.attr
+            if attr.startswith("__"):
+                if not (attr in ALLOWED_DUNDER_READS and isinstance(node.ctx, ast.Load)):
+                    bad(node, f"attribute {attr!r} is not allowed (dunder attributes are forbidden)")
+            elif attr in FORBIDDEN_ATTRS:
+                bad(node, f"attribute {attr!r} is not allowed (introspection)")
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
+                bad(node, f"call to {node.func.id}() is not allowed")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name.startswith("__") and node.name not in ALLOWED_DUNDER_DEFS:
+                bad(node, f"defining method {node.name!r} is not allowed")
+        elif isinstance(node, ast.ClassDef):
+            check_dunder(node, node.name, "class name")
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                check_dunder(node, name, "name")
+        elif isinstance(node, ast.ExceptHandler):
+            check_dunder(node, node.name, "name")
+        elif isinstance(node, ast.arg):
+            check_dunder(node, node.arg, "argument")
+        elif isinstance(node, ast.MatchClass):
+            # ``case C(__class__=x)`` looks attributes up by name.
+            for attr in node.kwd_attrs:
+                if attr.startswith("__") or attr in FORBIDDEN_ATTRS:
+                    bad(node, f"pattern attribute {attr!r} is not allowed")
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)):
+            check_dunder(node, node.name, "name")
+        elif isinstance(node, ast.MatchMapping):
+            check_dunder(node, node.rest, "name")
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _analyze(source: str) -> _Verdict:
+    """Parse + policy check, cached by source text (sources repeat across batches)."""
+    if len(source) > MAX_SOURCE_CHARS:
+        return _Verdict(f"source too large ({len(source)} > {MAX_SOURCE_CHARS} characters)", ())
+    try:
+        tree = ast.parse(source, filename=CHECKER_FILENAME, mode="exec")
+    except SyntaxError as exc:
+        return _Verdict(f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})", ())
+    except (ValueError, MemoryError, RecursionError) as exc:  # null bytes / too complex
+        return _Verdict(f"{type(exc).__name__}: {str(exc)[:200] or 'source too complex'}", ())
+    try:
+        return _Verdict(None, tuple(_policy_violations(tree)))
+    except RecursionError:
+        return _Verdict(None, ("source too complex to analyse",))
+
+
+def static_check(source: str) -> list[str]:
+    """AST policy violations of ``source`` as human messages with line numbers.
+
+    An empty list means the source passed the static layer (it still runs under
+    all runtime layers).  Unparseable source cannot be certified and yields one
+    message describing the syntax error.
+    """
+    if not isinstance(source, str):
+        return ["source must be a str"]
+    verdict = _analyze(source)
+    if verdict.compile_error is not None:
+        return [f"cannot parse: {verdict.compile_error}"]
+    return list(verdict.violations)
+
+
+# --------------------------------------------------------------------------------------
+# Wire protocol
+#   parent -> worker: <u64 len><pickle>          (trusted data only)
+#   worker -> parent: <u32 hlen><u32 vlen><json header><comma-joined json values>
+#                     (JSON only, never unpickled: the worker may be compromised)
+#   progress slot (shared memfd, 16 bytes): <u32 seq><i32 idx><f64 monotonic start>
+# --------------------------------------------------------------------------------------
+
+_REQ_HEADER = struct.Struct("<Q")
+_RESP_HEADER = struct.Struct("<II")
+_PROGRESS = struct.Struct("<Iid")
+_IDLE = -(2**31)  # progress idx between batches; idx >= 0: call; idx < 0: compiling source -idx-1
+_TICK_S = 0.05  # repeat interval of the in-worker timer after the first expiry
+_WORKER_FLAG = "--cowork-sandbox-worker"
+_THIS_FILE = os.path.abspath(__file__)
+_NOBODY = 65534
+
+
+# --------------------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------------------
+
+
+def _worker_env() -> dict[str, str]:
+    # Scrubbed: nothing of the parent's environment (credentials, HOME, paths) leaks.
+    env = {"PYTHONHASHSEED": "0", "TZ": "UTC0", "LC_ALL": "C"}
+    if os.environ.get("COWORK_SANDBOX_DEBUG") == "1":
+        env["COWORK_SANDBOX_DEBUG"] = "1"
+    return env
+
+
+def _signal_name(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+@dataclass
+class _Job:
+    seq: int
+    calls: list[int]  # global call indices, in order
+    src_ids: list[int]  # global source index per local source index
+    sent_at: float = 0.0
+    budget_s: float = 0.0
+
+
+class _Worker:
+    """One worker process plus its pipes and progress slot (parent-side handle)."""
+
+    def __init__(self, memory_mb: int) -> None:
+        self.memory_mb = memory_mb
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.req_w = -1
+        self.resp_r = -1
+        self.shm: Any = None
+        self.tmpdir: str | None = None
+        self.buf = bytearray()
+        self.eof = False
+        self.hello: dict[str, Any] | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def spawn(self) -> None:
+        import mmap
+
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        shm_fd = os.memfd_create("cowork-sandbox-progress")
+        os.ftruncate(shm_fd, _PROGRESS.size)
+        self.shm = mmap.mmap(shm_fd, _PROGRESS.size)
+        _PROGRESS.pack_into(self.shm, 0, 0, _IDLE, 0.0)
+        self.tmpdir = tempfile.mkdtemp(prefix="cowork-sandbox-")
+        for fd in (req_w, resp_r):
+            try:  # bigger pipes: fewer wake-ups for large argument batches
+                import fcntl
+
+                fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ
+            except OSError:
+                pass
+        debug = os.environ.get("COWORK_SANDBOX_DEBUG") == "1"
+        cmd = [
+            sys.executable, "-S", "-s", "-B", "-X", "utf8", _THIS_FILE, _WORKER_FLAG,
+            str(req_r), str(resp_w), str(shm_fd), str(self.memory_mb),
+        ]
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=None if debug else subprocess.DEVNULL,
+                pass_fds=(req_r, resp_w, shm_fd),
+                cwd=self.tmpdir,
+                env=_worker_env(),
+                close_fds=True,
+                start_new_session=True,  # terminal signals to our group don't reach it
+            )
+        finally:
+            for fd in (req_r, resp_w, shm_fd):
+                os.close(fd)
+        os.set_blocking(req_w, False)
+        os.set_blocking(resp_r, False)
+        self.req_w, self.resp_r = req_w, resp_r
+        self.buf = bytearray()
+        self.eof = False
+        self.hello = None
+        self._finalizer = weakref.finalize(
+            self, _reap, self.proc, self.req_w, self.resp_r, self.shm, self.tmpdir
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and not self.eof and self.proc.poll() is None
+
+    def kill(self) -> int | None:
+        """SIGKILL + reap + release resources; returns the worker's return code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        rc = _reap(proc, self.req_w, self.resp_r, self.shm, self.tmpdir)
+        self.proc, self.req_w, self.resp_r, self.shm, self.tmpdir = None, -1, -1, None, None
+        self.hello = None
+        return rc
+
+    def ensure_ready(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or not self.alive():
+            self.kill()
+            self.spawn()
+        if self.hello is not None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            frame = self.take_frame(1 << 16, 0)
+            if frame is not None:
+                try:
+                    hello = json.loads(frame[0])
+                except ValueError:
+                    hello = None
+                if not isinstance(hello, dict) or hello.get("hello") is not True:
+                    self.kill()
+                    raise SandboxError(f"sandbox worker failed to start: {str(hello)[:MAX_MESSAGE_CHARS]}")
+                self.hello = hello
+                return
+            if self.eof:
+                rc = self.kill()
+                raise SandboxError(f"sandbox worker exited during startup ({_signal_name(rc)})")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise SandboxError("sandbox worker did not start in time")
+            self.wait_readable(left)
+
+    # -- I/O -------------------------------------------------------------------------
+    def wait_readable(self, timeout_s: float) -> None:
+        poller = select.poll()
+        poller.register(self.resp_r, select.POLLIN)
+        if poller.poll(max(0, int(timeout_s * 1000) + 1)):
+            self.pump()
+
+    def pump(self) -> None:
+        """Read whatever is available (non-blocking); sets eof on EOF/error."""
+        while True:
+            try:
+                chunk = os.read(self.resp_r, 1 << 20)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.eof = True
+                return
+            if not chunk:
+                self.eof = True
+                return
+            self.buf += chunk
+            if len(chunk) < (1 << 20):
+                return
+
+    def take_frame(self, max_header: int, max_values: int) -> tuple[bytes, bytes] | None:
+        """Complete (header, values) frame or None; raises ValueError on a bad frame."""
+        if self.resp_r >= 0 and not self.eof:
+            self.pump()
+        if len(self.buf) < _RESP_HEADER.size:
+            return None
+        hlen, vlen = _RESP_HEADER.unpack_from(self.buf, 0)
+        if hlen > max_header or vlen > max_values:
+            raise ValueError(f"oversized reply ({hlen}+{vlen} bytes)")
+        end = _RESP_HEADER.size + hlen + vlen
+        if len(self.buf) < end:
+            return None
+        header = bytes(self.buf[_RESP_HEADER.size : _RESP_HEADER.size + hlen])
+        values = bytes(self.buf[_RESP_HEADER.size + hlen : end])
+        del self.buf[:end]
+        return header, values
+
+    def send(self, payload: bytes, deadline: float) -> bool:
+        """Write a request without ever blocking past ``deadline`` (worker may be stuck)."""
+        data = memoryview(_REQ_HEADER.pack(len(payload)) + payload)
+        poller = select.poll()
+        poller.register(self.req_w, select.POLLOUT)
+        while data:
+            try:
+                n = os.write(self.req_w, data)
+                data = data[n:]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:  # EPIPE: worker died
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(int(left * 1000) + 1)
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+        return True
+
+    def progress(self) -> tuple[int, int, float]:
+        if self.shm is None:
+            return (0, _IDLE, 0.0)
+        return _PROGRESS.unpack_from(self.shm, 0)
+
+
+def _reap(proc: subprocess.Popen[bytes], req_w: int, resp_r: int, shm: Any, tmpdir: str | None) -> int | None:
+    """Kill and clean up a worker; module-level so weakref.finalize holds no self."""
+    rc = None
+    try:
+        if proc.poll() is None:
+            proc.kill()
+        rc = proc.wait(timeout=5)
+    except Exception:  # pragma: no cover - reaping is best effort
+        pass
+    for fd in (req_w, resp_r):
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if shm is not None:
+        try:
+            shm.close()
+        except Exception:
+            pass
+    if tmpdir:
+        import shutil
+
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return rc
+
+
+class Sandbox:
+    """Pool of hardened worker processes running untrusted checker functions.
+
+    ``evaluate`` is serialised by an internal lock (safe to share between threads,
+    but one batch runs at a time); with ``workers > 1`` a batch is split across
+    workers.  Workers are restarted transparently after a crash, a kill, a
+    timeout or a runtime policy violation.
+
+    ``copy_arguments=True`` (default) gives every call its own fresh copy of its
+    argument, so a checker that mutates its evidence cannot influence later calls;
+    ``False`` shares one decoded copy per distinct argument within a batch (faster
+    for large arguments).  ``static_policy=False`` skips layer 1 and exists only
+    so tests can probe the runtime layers directly.
+    """
+
+    def __init__(
+        self,
+        workers: int = 1,
+        limits: SandboxLimits = SandboxLimits(),
+        *,
+        copy_arguments: bool = True,
+        static_policy: bool = True,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        if limits.call_timeout_s <= 0 or limits.cpu_seconds <= 0 or limits.memory_mb < 64:
+            raise ValueError(f"invalid limits: {limits}")
+        self.limits = limits
+        self.copy_arguments = copy_arguments
+        self.static_policy = static_policy
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._closed = False
+        self._workers = [_Worker(limits.memory_mb) for _ in range(workers)]
+        for w in self._workers:  # start now so the first batch does not pay the spawn
+            w.spawn()
+
+    # -- public API ------------------------------------------------------------------
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for w in self._workers:
+                w.kill()
+
+    def isolation(self) -> dict[str, Any]:
+        """Facts reported by a live worker: active layers, uid, env keys, root listing."""
+        with self._lock:
+            self._check_open()
+            w = self._workers[0]
+            w.ensure_ready()
+            assert w.hello is not None
+            return dict(w.hello)
+
+    def evaluate(
+        self,
+        sources: Mapping[str, str],
+        calls: Sequence[tuple[str, object]],
+        entry: str = "check",
+    ) -> list[CallResult]:
+        """Run ``entry(argument)`` of ``sources[key]`` for each ``(key, argument)``.
+
+        Each source is compiled once per batch (and cached in the worker); each call
+        gets fresh module globals.  Returns one ``CallResult`` per call, in order.
+        Arguments must be picklable plain data; the same object passed to several
+        calls is sent once.
+        """
+        if not isinstance(entry, str) or not entry.isidentifier() or entry.startswith("_"):
+            raise ValueError(f"invalid entry name {entry!r}")
+        for key, _ in calls:
+            if key not in sources:
+                raise KeyError(f"call references unknown source {key!r}")
+            if not isinstance(sources[key], str):
+                raise TypeError(f"source {key!r} is not a str")
+        with self._lock:
+            self._check_open()
+            return self._evaluate(sources, calls, entry)
+
+    # -- internals -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+
+    def _evaluate(self, sources: Mapping[str, str], calls: Sequence[tuple[str, object]], entry: str) -> list[CallResult]:
+        results: list[CallResult | None] = [None] * len(calls)
+        src_index: dict[str, int] = {}
+        src_texts: list[str] = []
+        src_reject: list[CallResult | None] = []
+        arg_index: dict[int, int] = {}
+        arg_blobs: list[bytes] = []
+        keepalive: list[object] = []  # id() keys stay valid while we hold the objects
+        call_src: list[int] = [0] * len(calls)
+        call_arg: list[int] = [0] * len(calls)
+        pending: list[int] = []
+        for i, (key, arg) in enumerate(calls):
+            si = src_index.get(key)
+            if si is None:
+                si = src_index[key] = len(src_texts)
+                text = sources[key]
+                src_texts.append(text)
+                src_reject.append(self._static_reject(text))
+            call_src[i] = si
+            if src_reject[si] is not None:
+                rej = src_reject[si]
+                results[i] = CallResult(False, None, rej.error_code, rej.error, 0.0)
+                continue
+            ai = arg_index.get(id(arg))
+            if ai is None:
+                ai = arg_index[id(arg)] = len(arg_blobs)
+                keepalive.append(arg)
+                try:
+                    arg_blobs.append(pickle.dumps(arg, protocol=5))
+                except Exception as exc:
+                    raise TypeError(f"argument of call {i} is not picklable plain data: {exc}") from exc
+            call_arg[i] = ai
+            pending.append(i)
+        if pending:
+            self._dispatch(pending, src_texts, arg_blobs, call_src, call_arg, entry, results)
+        return [r if r is not None else CallResult(False, None, "crash", "no result", 0.0) for r in results]
+
+    def _static_reject(self, text: str) -> CallResult | None:
+        if not self.static_policy:
+            return None
+        verdict = _analyze(text)
+        if verdict.compile_error is not None:
+            return CallResult(False, None, "compile_error", verdict.compile_error[:MAX_MESSAGE_CHARS])
+        if verdict.violations:
+            msg = "; ".join(verdict.violations[:5])
+            if len(verdict.violations) > 5:
+                msg += f"; ... ({len(verdict.violations)} violations)"
+            return CallResult(False, None, "forbidden", msg[:MAX_MESSAGE_CHARS])
+        return None
+
+    def _chunks(self, pending: list[int]) -> list[list[int]]:
+        # Splitting only pays when each worker gets a reasonable amount of work.
+        n = max(1, min(len(self._workers), len(pending) // 16))
+        size = -(-len(pending) // n)
+        return [pending[k : k + size] for k in range(0, len(pending), size)]
+
+    def _grace(self) -> float:
+        return 0.5 + 0.25 * self.limits.call_timeout_s
+
+    def _dispatch(
+        self,
+        pending: list[int],
+        src_texts: list[str],
+        arg_blobs: list[bytes],
+        call_src: list[int],
+        call_arg: list[int],
+        entry: str,
+        results: list[CallResult | None],
+    ) -> None:
+        active: dict[int, tuple[_Worker, _Job]] = {}  # worker slot -> job
+        try:
+            self._dispatch_loop(pending, src_texts, arg_blobs, call_src, call_arg, entry, results, active)
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, worker that cannot start...): a late reply
+            # must never be read as the answer to the next batch.
+            for w, _ in active.values():
+                w.kill()
+            raise
+
+    def _dispatch_loop(
+        self,
+        pending: list[int],
+        src_texts: list[str],
+        arg_blobs: list[bytes],
+        call_src: list[int],
+        call_arg: list[int],
+        entry: str,
+        results: list[CallResult | None],
+        active: dict[int, tuple[_Worker, _Job]],
+    ) -> None:
+        lim = self.limits
+        queue: deque[list[int]] = deque(self._chunks(pending))
+        attempts: dict[int, int] = {}
+        while queue or active:
+            for slot, w in enumerate(self._workers):
+                if slot in active or not queue:
+                    continue
+                ids = queue.popleft()
+                job = self._start(w, ids, src_texts, arg_blobs, call_src, call_arg, entry)
+                if job is None:  # could not even deliver the request: retry elsewhere
+                    self._requeue(ids, queue, attempts, results, "worker unavailable")
+                    continue
+                active[slot] = (w, job)
+            if not active:
+                continue
+            # Wait for replies, but never past the earliest backstop deadline.
+            now = time.monotonic()
+            poller = select.poll()
+            wait = 1.0
+            for w, job in active.values():
+                poller.register(w.resp_r, select.POLLIN)
+                wait = min(wait, self._deadline(w, job) - now)
+            if wait > 0:
+                poller.poll(int(wait * 1000) + 1)
+            for slot, (w, job) in list(active.items()):
+                try:
+                    frame = w.take_frame(256 + len(job.calls) * (MAX_MESSAGE_CHARS * 6 + 128), len(job.calls) * (lim.max_result_bytes + 64))
+                except ValueError as exc:
+                    del active[slot]
+                    self._protocol_error(w, job, results, str(exc))
+                    continue
+                if frame is not None:
+                    del active[slot]
+                    if not self._accept(w, job, frame, results):
+                        continue
+                elif w.eof:  # EOF only once the worker is gone and its output drained
+                    del active[slot]
+                    self._salvage(w, job, "died", queue, attempts, results, call_src)
+                elif time.monotonic() > self._deadline(w, job):
+                    # Re-read: only kill when the same call is still overdue.
+                    if time.monotonic() > self._deadline(w, job):
+                        del active[slot]
+                        self._salvage(w, job, "deadline", queue, attempts, results, call_src)
+
+    def _start(self, w: _Worker, ids: list[int], src_texts: list[str], arg_blobs: list[bytes], call_src: list[int], call_arg: list[int], entry: str) -> _Job | None:
+        lim = self.limits
+        try:
+            w.ensure_ready()
+        except SandboxError:
+            # One immediate retry: a fresh spawn normally succeeds; a second failure is
+            # an infrastructure problem the caller must see.
+            w.kill()
+            w.ensure_ready()
+        self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
+        local_src: dict[int, int] = {}
+        local_arg: dict[int, int] = {}
+        srcs: list[str] = []
+        blobs: list[bytes] = []
+        pairs: list[tuple[int, int]] = []
+        for c in ids:
+            s = local_src.setdefault(call_src[c], len(local_src))
+            if s == len(srcs):
+                srcs.append(src_texts[call_src[c]])
+            a = local_arg.setdefault(call_arg[c], len(local_arg))
+            if a == len(blobs):
+                blobs.append(arg_blobs[call_arg[c]])
+            pairs.append((s, a))
+        payload = pickle.dumps(
+            (self._seq, entry, lim.call_timeout_s, lim.cpu_seconds, lim.max_result_bytes, self.copy_arguments, srcs, blobs, pairs),
+            protocol=5,
+        )
+        job = _Job(self._seq, list(ids), list(local_src))
+        job.sent_at = time.monotonic()
+        # Whole-job cap: every call and compile may take its full timeout, plus transfer.
+        job.budget_s = (len(ids) + len(srcs)) * (lim.call_timeout_s + self._grace()) + 10.0 + len(payload) / 50e6
+        if not w.send(payload, job.sent_at + 10.0 + len(payload) / 50e6):
+            w.kill()
+            return None
+        return job
+
+    def _deadline(self, w: _Worker, job: _Job) -> float:
+        hard = job.sent_at + job.budget_s
+        seq, idx, start = w.progress()
+        if seq != job.seq or idx == _IDLE:
+            # Not started yet (reading the request) or writing the reply.
+            return min(hard, max(job.sent_at, start if seq == job.seq else 0.0) + 10.0 + self._grace())
+        return min(hard, start + self.limits.call_timeout_s + self._grace())
+
+    def _accept(self, w: _Worker, job: _Job, frame: tuple[bytes, bytes], results: list[CallResult | None]) -> bool:
+        header, values = frame
+        try:
+            hdr = json.loads(header)
+            if not isinstance(hdr, dict) or hdr.get("seq") != job.seq:
+                raise ValueError("reply for another batch")
+            rows = hdr.get("r")
+            if not isinstance(rows, list) or len(rows) != len(job.calls):
+                raise ValueError("wrong number of results")
+            # Rows are validated first; values (comma-joined JSON texts, one per "ok"
+            # row) are then decoded in one json.loads, or one by one if that fails.
+            spans: list[tuple[int, int]] = []
+            offset = 0
+            for row in rows:
+                if not (isinstance(row, list) and len(row) == 4):
+                    raise ValueError("malformed result row")
+                code, msg, secs, vlen = row
+                if not isinstance(secs, (int, float)) or not isinstance(vlen, int) or vlen < 0:
+                    raise ValueError("malformed result row")
+                if msg is not None and not isinstance(msg, str):
+                    raise ValueError("malformed message")
+                if code == "ok":
+                    if spans:
+                        offset += 1  # separator
+                    spans.append((offset, offset + vlen))
+                    offset += vlen
+                elif code not in ERROR_CODES or vlen != 0:
+                    raise ValueError(f"unknown result code {str(code)[:40]!r}")
+            if offset != len(values):
+                raise ValueError("value section length mismatch")
+            decoded: list[Any] | None = None
+            if spans:
+                try:
+                    decoded = json.loads(b"[" + values + b"]")
+                    if not isinstance(decoded, list) or len(decoded) != len(spans):
+                        decoded = None
+                except (ValueError, RecursionError):
+                    decoded = None
+            parsed: list[CallResult] = []
+            k = 0
+            for code, msg, secs, _ in rows:
+                if code != "ok":
+                    parsed.append(CallResult(False, None, code, (msg or "")[:MAX_MESSAGE_CHARS], float(secs)))
+                    continue
+                if decoded is not None:
+                    parsed.append(CallResult(True, decoded[k], None, None, float(secs)))
+                else:
+                    a, b = spans[k]
+                    try:
+                        parsed.append(CallResult(True, json.loads(values[a:b]), None, None, float(secs)))
+                    except (ValueError, RecursionError):
+                        parsed.append(CallResult(False, None, "bad_return", "value could not be decoded (nested too deeply?)", float(secs)))
+                k += 1
+        except (ValueError, RecursionError, TypeError) as exc:
+            self._protocol_error(w, job, results, str(exc))
+            return False
+        for c, res in zip(job.calls, parsed):
+            results[c] = res
+        if hdr.get("recycle") or w.buf:
+            # Timeout/memory/violation/taint: the worker may be in a weird state.
+            w.kill()
+            w.spawn()
+        return True
+
+    def _protocol_error(self, w: _Worker, job: _Job, results: list[CallResult | None], why: str) -> None:
+        # Garbage on the pipe means the worker is broken or compromised; nothing it
+        # said about this batch can be attributed, so every call of the job is a crash.
+        w.kill()
+        w.spawn()
+        for c in job.calls:
+            results[c] = CallResult(False, None, "crash", f"worker protocol error: {why}"[:MAX_MESSAGE_CHARS], 0.0)
+
+    def _requeue(self, ids: list[int], queue: deque[list[int]], attempts: dict[int, int], results: list[CallResult | None], why: str) -> None:
+        again = []
+        for c in ids:
+            attempts[c] = attempts.get(c, 0) + 1
+            if attempts[c] > 3:  # bounded: a call that keeps killing workers is a crash
+                results[c] = CallResult(False, None, "crash", f"worker died repeatedly ({why})"[:MAX_MESSAGE_CHARS], 0.0)
+            else:
+                again.append(c)
+        if again:
+            queue.appendleft(again)
+
+    def _salvage(self, w: _Worker, job: _Job, reason: str, queue: deque[list[int]], attempts: dict[int, int], results: list[CallResult | None], call_src: list[int]) -> None:
+        """Worker died or overran: blame the call it was running, re-run the rest."""
+        seq, idx, start = w.progress()
+        now = time.monotonic()
+        rc = w.kill()
+        w.spawn()
+        culprits: list[int] = []
+        where = "while idle"
+        if seq == job.seq and 0 <= idx < len(job.calls):
+            culprits = [job.calls[idx]]
+            where = "while running this call"
+        elif seq == job.seq and idx != _IDLE and 0 <= -idx - 1 < len(job.src_ids):
+            gsrc = job.src_ids[-idx - 1]
+            culprits = [c for c in job.calls if call_src[c] == gsrc]
+            where = "while compiling this source"
+        if reason == "deadline":
+            code = "timeout"
+            msg = f"wall-clock backstop: exceeded {self.limits.call_timeout_s:g}s (worker killed {where})"
+        elif rc == -signal.SIGXCPU:
+            code = "timeout"
+            msg = f"CPU limit of {self.limits.cpu_seconds:g}s per batch exceeded {where}"
+        else:
+            code = "crash"
+            msg = f"worker died ({_signal_name(rc)}) {where}"
+        for c in culprits:
+            results[c] = CallResult(False, None, code, msg, max(0.0, now - start) if start else 0.0)
+        rest = [c for c in job.calls if c not in set(culprits)]
+        if rest:
+            self._requeue(rest, queue, attempts, results, msg)
+
+
+# --------------------------------------------------------------------------------------
+# Worker side (runs as ``python -S -s -B sandbox.py --cowork-sandbox-worker ...``)
+# --------------------------------------------------------------------------------------
+
+
+class _PolicyViolation(BaseException):
+    """Raised by runtime guards; BaseException so ``except Exception`` can't eat it."""
+
+
+class _Timeout(BaseException):
+    """Raised inside checker code by the SIGALRM handler."""
+
+
+class _State:
+    """Mutable worker state consulted by the audit hook and signal handler."""
+
+    __slots__ = ("strict", "armed", "timed_out", "violation", "exec_code", "codegen", "introspect")
+
+    def __init__(self) -> None:
+        self.strict = False  # untrusted code may be on the stack
+        self.armed = False  # per-call timer active
+        self.timed_out = False
+        self.violation: str | None = None  # sticky per call
+        self.exec_code: object = None  # the one code object exec() may run right now
+        self.codegen = False  # inside our namedtuple wrapper
+        self.introspect = False  # our own traceback walk
+
+
+class _DiscardWriter:
+    """sys.stdout/sys.stderr replacement: output is dropped, never reaches a pipe."""
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+    def flush(self) -> None:
+        return None
+
+    def isatty(self) -> bool:
+        return False
+
+
+_ALWAYS_BLOCKED_EVENTS = frozenset(
+    {
+        "open", "subprocess.Popen", "sys.addaudithook", "sys.settrace", "sys.setprofile",
+        "sys._current_frames", "sys._current_exceptions", "sys.setrecursionlimit",
+        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
+        "function.__new__", "builtins.input", "builtins.breakpoint", "pdb.Pdb",
+        "webbrowser.open", "mmap.__new__", "resource.prlimit", "signal.pthread_kill",
+        "sys.set_asyncgen_hooks_firstiter", "sys.set_asyncgen_hooks_finalizer",
+        "sys.excepthook", "sys.unraisablehook", "setopencmd", "glob.glob", "glob.glob/2",
+    }
+)
+_ALWAYS_BLOCKED_PREFIXES = (
+    "os.", "socket.", "subprocess.", "ctypes.", "shutil.", "tempfile.", "http.",
+    "urllib.", "ftplib.", "smtplib.", "imaplib.", "poplib.", "nntplib.", "telnetlib.",
+    "sqlite3.", "fcntl.", "syslog.", "winreg.", "msvcrt.", "_winapi.", "pty.",
+)
+_STRICT_BLOCKED_EVENTS = frozenset(
+    {
+        "compile", "exec", "import", "object.__getattr__", "object.__setattr__",
+        "object.__delattr__", "sys._getframe", "marshal.loads", "marshal.load",
+        "marshal.dumps", "marshal.dump", "pickle.find_class", "resource.setrlimit",
+        "array.__new__",
+    }
+)
+
+# x86_64 syscall numbers that fail with EPERM once the filter is installed.
+_DENIED_SYSCALLS_X86_64 = (
+    # processes / signals / debugging
+    56, 57, 58, 59, 322, 435, 62, 200, 234, 129, 297, 101, 310, 311, 434, 424, 438, 440,
+    448, 312, 109, 112,
+    # network
+    41, 53, 42, 43, 288, 49, 50, 44, 45, 46, 47, 307, 299, 48, 54, 55,
+    # filesystem (any open, any modification)
+    2, 257, 437, 85, 304, 303, 76, 77, 82, 264, 316, 83, 258, 84, 86, 265, 87, 263, 88,
+    266, 90, 91, 268, 92, 93, 94, 260, 133, 259, 80, 81, 161, 132, 235, 280, 261, 188,
+    189, 190, 197, 198, 199, 285, 326, 40, 275, 276, 278, 253, 294, 254, 300, 301, 319,
+    447, 240, 241, 29, 30, 31, 68, 64, 425, 426, 427, 134, 163, 162, 306, 206,
+    # system administration / privilege / kernel attack surface
+    165, 166, 155, 272, 308, 167, 168, 169, 170, 171, 175, 313, 176, 174, 246, 320, 321,
+    298, 323, 250, 248, 249, 135, 172, 173, 154, 179, 443, 164, 227, 305, 159, 156, 103,
+    153, 212, 180, 428, 429, 430, 431, 432, 433, 442, 105, 106, 113, 114, 117, 119, 116,
+    122, 123, 126, 157, 317, 256, 279, 237, 238, 450, 141, 144, 142, 314, 203, 251,
+)
+
+
+def _install_seccomp(ctypes: Any, libc: Any) -> bool:
+    """Deny dangerous syscalls with EPERM (x86_64 only); returns True when active."""
+    if os.uname().machine != "x86_64":
+        return False
+    denied = sorted(set(_DENIED_SYSCALLS_X86_64))
+    n = len(denied)
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, deny, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # ERRNO(EPERM)
+    insns = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, 0xC000003E),  # AUDIT_ARCH_X86_64
+        (ret, 0, 0, kill),  # other ABIs (i386 int 0x80) have other numbers: kill
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+        (jge, n + 1, 0, 0x40000000),  # x32 ABI numbers: deny
+    ]
+    for i, nr in enumerate(denied):
+        insns.append((jeq, n - i, 0, nr))
+    insns += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    arr = (SockFilter * len(insns))(*[SockFilter(*ins) for ins in insns])
+    prog = SockFprog(len(insns), arr)
+    addr = ctypes.cast(ctypes.pointer(prog), ctypes.c_void_p).value
+    return libc.prctl(22, 2, addr, 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+class _WorkerRuntime:
+    """Everything the worker needs; built once at startup before hardening."""
+
+    def __init__(self, req_fd: int, resp_fd: int, shm_fd: int, memory_mb: int) -> None:
+        import mmap
+
+        self.req_fd = req_fd
+        self.resp_fd = resp_fd
+        self.shm = mmap.mmap(shm_fd, _PROGRESS.size)
+        os.close(shm_fd)
+        self.memory_mb = memory_mb
+        self.st = _State()
+        self.recycle = False
+        self.code_cache: dict[str, Any] = {}
+        self.layers: dict[str, Any] = {}
+        self.root_listing: list[str] | None = None
+
+    # -- startup -----------------------------------------------------------------------
+    def preload(self) -> None:
+        """Import everything untrusted code may reach, so nothing is loaded later
+        (after chroot/seccomp a lazy import or file read would fail)."""
+        import abc
+        import collections.abc
+        import datetime
+        import decimal
+        import encodings.ascii
+        import encodings.latin_1
+        import encodings.utf_16
+        import encodings.utf_32
+        import encodings.utf_8_sig
+        import encodings.cp1252
+        import encodings.unicode_escape
+        import encodings.raw_unicode_escape
+        import fractions
+        import functools
+        import itertools
+        import math
+        import operator
+        import re
+        import statistics
+        import string
+        import _strptime  # noqa: F401  (lazy import of datetime.strptime)
+        import heapq  # noqa: F401  (lazy import of Counter.most_common)
+        import types  # noqa: F401
+        import weakref  # noqa: F401  (lazy import of functools.singledispatch)
+        import ctypes  # noqa: F401  (used by harden(); must load before chroot)
+
+        # Warm lazy paths: strptime caches, timezone (TZ=UTC0 needs no file), codecs.
+        datetime.datetime.strptime("2024-01-02 03:04:05", "%Y-%m-%d %H:%M:%S")
+        datetime.datetime.now().astimezone().strftime("%c %Z")
+        time.localtime()
+        "x".encode("utf-16").decode("utf-16")
+        re.compile(r"(?i)\w+\s*\d").findall("Ab 1")
+        statistics.stdev([1.0, 2.0, 4.0])
+        statistics.median([3, 1, 2])
+        float(fractions.Fraction(1, 3) + int(decimal.Decimal("1.1").to_integral_value()))
+        json.loads(json.dumps({"a": [1.5, None, True]}))
+        self.abc = abc
+        self.decimal = decimal
+        self.pristine_decimal = decimal.getcontext().copy()
+
+    def build_runtime(self) -> None:
+        """Curated builtins, module proxies and frozen stdlib classes (layer 2)."""
+        import builtins
+        import collections
+        import decimal
+        import operator
+        import types
+
+        st = self.st
+        safe_names = [
+            "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool", "bytearray",
+            "bytes", "callable", "chr", "classmethod", "complex", "dict", "dir", "divmod",
+            "enumerate", "filter", "float", "format", "frozenset", "hash", "hex", "id",
+            "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min",
+            "next", "object", "oct", "ord", "pow", "property", "range", "repr",
+            "reversed", "round", "set", "slice", "sorted", "staticmethod", "str", "sum",
+            "super", "tuple", "type", "zip", "True", "False", "None", "Ellipsis",
+            "NotImplemented",
+        ]
+        safe: dict[str, Any] = {n: getattr(builtins, n) for n in safe_names if hasattr(builtins, n)}
+        for n in dir(builtins):
+            v = getattr(builtins, n)
+            if isinstance(v, type) and issubclass(v, BaseException):
+                safe[n] = v
+
+        def violation(msg: str) -> _PolicyViolation:
+            if st.violation is None:
+                st.violation = msg
+            return _PolicyViolation(msg)
+
+        def _print(*args: object, **kwargs: object) -> None:
+            return None  # output is discarded: never the IPC channel, never unbounded
+
+        def _hasattr(obj: object, name: str) -> bool:
+            if _unsafe_attr_name(name):
+                raise violation(f"hasattr with name {name!r} is not allowed")
+            return hasattr(obj, name)
+
+        proxies: dict[str, Any] = {}
+
+        internal: dict[str, Any] = {}
+
+        def _import(name: str, globals: object = None, locals: object = None, fromlist: Sequence[str] = (), level: int = 0) -> Any:
+            # C extensions (``_datetime``) import through the *current frame's*
+            # builtins, i.e. through us; they get minimal proxies of what they need.
+            if level == 0 and isinstance(name, str) and name in internal:
+                return internal[name]
+            if level != 0 or not isinstance(name, str) or name not in proxies:
+                raise violation(f"import of module {name!r} is not allowed")
+            if fromlist:
+                return proxies[name]
+            return proxies[name.partition(".")[0]]
+
+        real_attrgetter, real_methodcaller = operator.attrgetter, operator.methodcaller
+
+        def attrgetter(*names: str) -> Any:
+            for n in names:
+                if _unsafe_attr_name(n):
+                    raise violation(f"operator.attrgetter({n!r}) is not allowed")
+            return real_attrgetter(*names)
+
+        def methodcaller(name: str, /, *args: object, **kwargs: object) -> Any:
+            if _unsafe_attr_name(name) or "." in name:
+                raise violation(f"operator.methodcaller({name!r}) is not allowed")
+            return real_methodcaller(name, *args, **kwargs)
+
+        real_namedtuple = collections.namedtuple
+
+        def namedtuple(typename: str, field_names: Any, *, rename: bool = False, defaults: Any = None, module: object = None) -> Any:
+            # Normalise inputs *before* enabling codegen so no user code runs while the
+            # audit hook tolerates namedtuple's internal eval().
+            typename = str.__str__(str(typename))
+            if isinstance(field_names, str):
+                fields: Any = str.__str__(field_names)
+            else:
+                fields = [str.__str__(str(f)) for f in field_names]
+            defaults = None if defaults is None else tuple(defaults)
+            rename = bool(rename)
+            st.codegen = True
+            try:
+                return real_namedtuple(typename, fields, rename=rename, defaults=defaults, module=CHECKER_MODULE_NAME)
+            finally:
+                st.codegen = False
+
+        overrides = {
+            ("operator", "attrgetter"): attrgetter,
+            ("operator", "methodcaller"): methodcaller,
+            ("collections", "namedtuple"): namedtuple,
+        }
+        excluded = {
+            ("string", "Formatter"),  # get_field() walks attributes from a string
+            ("decimal", "DefaultContext"),  # mutable process-wide templates
+            ("decimal", "BasicContext"),
+            ("decimal", "ExtendedContext"),
+        }
+
+        class _ModuleProxyType(type):
+            """Read-only stand-in for a module: public names only, no assignment."""
+
+            def __setattr__(cls, name: str, value: object) -> None:
+                raise AttributeError(f"module {cls.__name__!r} is read-only in the sandbox")
+
+            def __delattr__(cls, name: str) -> None:
+                raise AttributeError(f"module {cls.__name__!r} is read-only in the sandbox")
+
+            def __repr__(cls) -> str:
+                return f"<sandboxed module {cls.__name__!r}>"
+
+        exposed: list[object] = []
+        for modname in sorted(ALLOWED_MODULES | ALLOWED_SUBMODULES, key=lambda m: -m.count(".")):
+            mod = sys.modules[modname]
+            public = getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]
+            attrs: dict[str, Any] = {}
+            for n in public:
+                if n.startswith("_") or (modname, n) in excluded or not hasattr(mod, n):
+                    continue
+                v = overrides.get((modname, n), getattr(mod, n))
+                if isinstance(v, types.ModuleType) or type(v) in (list, dict, set, bytearray):
+                    continue  # no submodules (except allowlisted) and no shared mutable containers
+                if isinstance(v, decimal.Context):
+                    continue
+                attrs[n] = staticmethod(v)  # class access returns v itself, whatever v is
+                exposed.append(v)
+            for sub in ALLOWED_SUBMODULES:
+                parent, _, child = sub.rpartition(".")
+                if parent == modname:
+                    attrs[child] = staticmethod(proxies[sub])
+            attrs["__all__"] = tuple(sorted(k for k in attrs if not k.startswith("_")))
+            proxies[modname] = _ModuleProxyType(modname, (), attrs)
+
+        import _strptime
+
+        internal["time"] = _ModuleProxyType("time", (), {n: staticmethod(getattr(time, n)) for n in dir(time) if not n.startswith("_")})
+        internal["_strptime"] = _ModuleProxyType(
+            "_strptime", (), {n: staticmethod(getattr(_strptime, n)) for n in ("_strptime_datetime", "_strptime_time", "_strptime")}
+        )
+        internal["datetime"] = proxies["datetime"]
+        safe["print"] = _print
+        safe["hasattr"] = _hasattr
+        safe["__import__"] = _import
+        safe["__build_class__"] = builtins.__build_class__
+        self.builtins = safe
+        self.proxies = proxies
+
+        # Freeze every Python class reachable from what we expose (incl. bases and
+        # metaclasses) so checkers cannot monkeypatch shared classes.
+        todo: list[type] = [_ModuleProxyType, *proxies.values(), *internal.values()]
+        for v in exposed:
+            todo.append(v if isinstance(v, type) else type(v))
+        seen: set[int] = set()
+        classes: list[type] = []
+        while todo:
+            cls = todo.pop()
+            if id(cls) in seen:
+                continue
+            seen.add(id(cls))
+            classes.append(cls)
+            todo.extend(cls.__mro__)
+            todo.append(type(cls))
+            for val in vars(cls).values():
+                if isinstance(val, type):
+                    todo.append(val)
+        self.frozen = 0
+        self.unfrozen: list[tuple[type, dict[str, Any]]] = []
+        for cls in classes:
+            if cls.__flags__ & (1 << 9) and not cls.__flags__ & (1 << 8):  # HEAPTYPE, not IMMUTABLE
+                if self._freeze(cls):
+                    self.frozen += 1
+                else:  # fall back to detecting changes between batches
+                    self.unfrozen.append((cls, dict(vars(cls))))
+        # Instances with a __dict__ (e.g. re.RegexFlag members) are checked between batches.
+        self.instance_snapshots = [
+            (v, dict(v.__dict__)) for v in exposed if not isinstance(v, (type, types.FunctionType, types.BuiltinFunctionType)) and isinstance(getattr(v, "__dict__", None), dict)
+        ]
+
+    @staticmethod
+    def _freeze(cls: type) -> bool:
+        try:
+            import ctypes
+
+            flags = ctypes.c_ulong.from_address(id(cls) + 21 * ctypes.sizeof(ctypes.c_void_p))
+            if flags.value != cls.__flags__:  # layout is not what we expect: don't poke
+                return False
+            flags.value |= 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+            return bool(cls.__flags__ & (1 << 8))
+        except Exception:
+            return False
+
+    def harden(self) -> None:
+        """Layer 3: namespaces, chroot, rlimits, privileges, seccomp, audit hook."""
+        import ctypes
+        import gc
+        import resource
+
+        layers = self.layers
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        libc.unshare.argtypes = [ctypes.c_int]
+        is_root = os.geteuid() == 0
+
+        # Empty network namespace: even a full escape has no interface but a down lo.
+        before = after = None
+        try:
+            before = os.readlink("/proc/self/ns/net")
+            if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET
+                after = os.readlink("/proc/self/ns/net")
+        except OSError:
+            pass
+        layers["network_namespace"] = bool(before and after and before != after)
+
+        # chroot into the private empty temp dir: no host file is even nameable.
+        layers["chroot"] = False
+        if is_root:
+            try:
+                os.chroot(os.getcwd())
+                os.chdir("/")
+                layers["chroot"] = True
+                self.root_listing = sorted(os.listdir("/"))  # for Sandbox.isolation()
+            except OSError:
+                pass
+
+        RLIM = resource.RLIM_INFINITY
+        limits = {
+            resource.RLIMIT_CORE: (0, 0),
+            resource.RLIMIT_FSIZE: (0, 0),  # no file can grow (writes fail with EFBIG)
+            resource.RLIMIT_NOFILE: (max(self.req_fd, self.resp_fd, 2) + 1,) * 2,  # no new fds
+            resource.RLIMIT_AS: (self.memory_mb * 1024 * 1024,) * 2,
+            resource.RLIMIT_CPU: (RLIM, RLIM),  # soft limit set per batch
+        }
+        applied = {}
+        for res, val in limits.items():
+            try:
+                resource.setrlimit(res, val)
+                applied[res] = True
+            except (ValueError, OSError):
+                applied[res] = False
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death
+
+        layers["dropped_privileges"] = False
+        if is_root:
+            try:
+                os.setgroups([])
+                os.setgid(_NOBODY)
+                os.setuid(_NOBODY)
+                layers["dropped_privileges"] = os.getuid() == _NOBODY and os.geteuid() == _NOBODY
+            except OSError:
+                pass
+        try:  # after the uid change: NPROC is not enforced for root
+            resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+            applied[resource.RLIMIT_NPROC] = True
+        except (ValueError, OSError):
+            applied[resource.RLIMIT_NPROC] = False
+        layers["rlimits"] = {
+            "AS": applied[resource.RLIMIT_AS], "CPU": applied[resource.RLIMIT_CPU],
+            "NPROC": applied[resource.RLIMIT_NPROC], "FSIZE": applied[resource.RLIMIT_FSIZE],
+            "NOFILE": applied[resource.RLIMIT_NOFILE], "CORE": applied[resource.RLIMIT_CORE],
+        }
+
+        parent = os.getppid()
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (after setuid, which clears it)
+        if os.getppid() != parent:
+            os._exit(0)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no ptrace / core / /proc/pid/mem
+        layers["no_new_privs"] = libc.prctl(38, 1, 0, 0, 0) == 0
+        try:
+            layers["seccomp"] = _install_seccomp(ctypes, libc)
+        except Exception:
+            layers["seccomp"] = False
+
+        sys.stdout = _DiscardWriter()  # type: ignore[assignment]
+        sys.stderr = _DiscardWriter()  # type: ignore[assignment]
+        sys.stdin = None  # type: ignore[assignment]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGALRM, self._on_alarm)
+
+        # Everything allocated so far is permanent: later full collections only scan
+        # objects created by batches, so they stay cheap.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        self.gc = gc
+        self.resource = resource
+        sys.addaudithook(self._make_audit_hook())
+        layers["audit_hook"] = True
+        layers["frozen_types"] = self.frozen
+
+    def _make_audit_hook(self) -> Any:
+        st = self.st
+        always = _ALWAYS_BLOCKED_EVENTS
+        prefixes = _ALWAYS_BLOCKED_PREFIXES
+        strict_events = _STRICT_BLOCKED_EVENTS
+
+        def hook(event: str, args: tuple[Any, ...]) -> None:
+            if event in always or event.startswith(prefixes):
+                blocked = True
+            elif not st.strict or event not in strict_events:
+                return
+            elif event == "exec":
+                blocked = not (args and args[0] is st.exec_code and st.exec_code is not None) and not st.codegen
+            elif event in ("compile", "sys._getframe", "object.__setattr__"):
+                blocked = not st.codegen
+            elif event == "object.__getattr__":
+                blocked = not st.introspect
+            else:
+                blocked = True
+            if blocked:
+                detail = f" ({args[0]!r})" if event in ("import", "open") and args and isinstance(args[0], str) else ""
+                msg = f"runtime policy: audit event {event!r}{detail} is not allowed"
+                if st.strict and st.violation is None:
+                    st.violation = msg
+                raise _PolicyViolation(msg)
+
+        return hook
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        st = self.st
+        if not st.armed:
+            return
+        st.timed_out = True
+        # Only interrupt checker/stdlib code, never the worker's own bookkeeping; the
+        # repeating timer catches the next moment checker code runs.
+        if frame is not None and frame.f_globals is not _WORKER_GLOBALS:
+            raise _Timeout()
+
+    # -- serving -----------------------------------------------------------------------
+    def send_hello(self) -> None:
+        facts = {
+            "hello": True,
+            "pid": os.getpid(),
+            "uid": os.getuid(),
+            "gid": os.getgid(),
+            "cwd": os.getcwd(),
+            "root_listing": self.root_listing,
+            "env_keys": sorted(os.environ),
+            "layers": self.layers,
+            "python": sys.version.split()[0],
+        }
+        self._write_frame(json.dumps(facts).encode(), b"")
+
+    def _write_frame(self, header: bytes, values: bytes) -> None:
+        data = memoryview(_RESP_HEADER.pack(len(header), len(values)) + header + values)
+        while data:
+            n = os.write(self.resp_fd, data)
+            data = data[n:]
+
+    def _read_exact(self, n: int) -> bytes | None:
+        chunks = []
+        while n:
+            chunk = os.read(self.req_fd, min(n, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def serve(self) -> None:
+        while True:
+            head = self._read_exact(_REQ_HEADER.size)
+            if head is None:
+                return
+            payload = self._read_exact(_REQ_HEADER.unpack(head)[0])
+            if payload is None:
+                return
+            header, values = self._run_batch(pickle.loads(payload))
+            self._write_frame(header, values)
+            if self.recycle:
+                return  # the parent replaces us
+
+    def _compile(self, source: str) -> Any:
+        code = self.code_cache.get(source)
+        if code is None:
+            try:
+                code = compile(source, CHECKER_FILENAME, "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
+            except (ValueError, MemoryError, RecursionError, OverflowError) as exc:
+                return f"{type(exc).__name__}: {str(exc)[:200] or 'source too complex'}"
+            if len(self.code_cache) > 256:
+                self.code_cache.clear()
+            self.code_cache[source] = code
+        return code
+
+    def _run_batch(self, req: tuple[Any, ...]) -> tuple[bytes, bytes]:
+        seq, entry, timeout, cpu_s, max_bytes, copy_args, srcs, blobs, pairs = req
+        st = self.st
+        progress = _PROGRESS.pack_into
+        mono = time.monotonic
+        try:  # per-batch CPU budget on top of what the worker has used so far
+            ru = self.resource.getrusage(self.resource.RUSAGE_SELF)
+            used = ru.ru_utime + ru.ru_stime
+            self.resource.setrlimit(self.resource.RLIMIT_CPU, (int(used + cpu_s) + 1, self.resource.RLIM_INFINITY))
+        except (ValueError, OSError):
+            pass
+        codes = []
+        for k, src in enumerate(srcs):
+            progress(self.shm, 0, seq, -k - 1, mono())
+            codes.append(self._compile(src))
+        token = self.abc.get_cache_token()
+        shared: list[Any] = [None] * len(blobs)
+        decoded = [False] * len(blobs)
+        rows: list[str] = []
+        values: list[str] = []
+        for j, (s, a) in enumerate(pairs):
+            progress(self.shm, 0, seq, j, mono())
+            code = codes[s]
+            if isinstance(code, str):
+                rows.append(json.dumps(["compile_error", code[:MAX_MESSAGE_CHARS], 0.0, 0]))
+                continue
+            if copy_args:
+                arg_src: Any = blobs[a]
+            else:
+                if not decoded[a]:
+                    shared[a] = pickle.loads(blobs[a])
+                    decoded[a] = True
+                arg_src = shared[a]
+            status, text, secs = self._run_call(code, entry, arg_src, copy_args, timeout, max_bytes)
+            if status == "ok":
+                rows.append(f'["ok",null,{secs!r},{len(text)}]')
+                values.append(text)
+            else:
+                rows.append(json.dumps([status, text[:MAX_MESSAGE_CHARS], secs, 0]))
+                if status in ("timeout", "memory", "forbidden", "crash"):
+                    self.recycle = True
+        shared = []
+        progress(self.shm, 0, seq, _IDLE, mono())
+        if self._tainted(token):
+            self.recycle = True
+        header = '{"seq":%d,"recycle":%s,"r":[%s]}' % (seq, "true" if self.recycle else "false", ",".join(rows))
+        return header.encode("ascii"), ",".join(values).encode("ascii")
+
+    def _tainted(self, token: object) -> bool:
+        if self.abc.get_cache_token() != token:  # ABC.register() leaks into later calls
+            return True
+        for obj, snap in self.instance_snapshots:
+            if obj.__dict__ != snap:
+                return True
+        for cls, snap in self.unfrozen:
+            if dict(vars(cls)) != snap:
+                return True
+        return False
+
+    def _run_call(self, code: Any, entry: str, arg_src: Any, copy_args: bool, timeout: float, max_bytes: int) -> tuple[str, str, float]:
+        st = self.st
+        try:
+            arg = pickle.loads(arg_src) if copy_args else arg_src
+        except Exception as exc:
+            return "exception", f"argument could not be decoded ({type(exc).__name__})", 0.0
+        # Trusted objects (argument, batch state) leave the young generation, so the
+        # post-call collect(0) only scans what checker code allocated.  Frozen objects
+        # are still freed by refcounting.
+        self.gc.freeze()
+        g: dict[str, Any] = {"__builtins__": dict(self.builtins), "__name__": CHECKER_MODULE_NAME}
+        self.decimal.setcontext(self.pristine_decimal.copy())
+        gc_before = self.gc.get_count()[0]
+        st.violation = None
+        st.timed_out = False
+        st.exec_code = code
+        outcome: tuple[str, str]
+        st.strict = True
+        st.armed = True
+        t0 = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, timeout, _TICK_S)
+        try:
+            outcome = self._invoke(code, g, entry, arg, max_bytes)
+        except BaseException as exc:  # noqa: BLE001 - everything the checker raises is a result
+            try:
+                outcome = self._classify(exc, timeout)
+            except BaseException:  # noqa: BLE001 - hostile exception object
+                outcome = ("exception", "unprintable exception")
+        # Still armed and strict: dropping checker objects may run their finalizers.
+        g.clear()
+        g = arg = None  # type: ignore[assignment]
+        try:
+            if self.gc.get_count()[0] > gc_before:
+                # Young generation only: cyclic garbage of this call (classes, frames)
+                # dies here, under the policy and the timer, and stays cheap because
+                # long-lived objects were frozen or promoted already.
+                self.gc.collect(0)
+        except BaseException:  # noqa: BLE001
+            pass
+        secs = time.perf_counter() - t0
+        st.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        st.strict = False
+        st.exec_code = None
+        if st.violation is not None:
+            return "forbidden", st.violation, secs
+        if st.timed_out or outcome[0] == "timeout":
+            # The timer fired while armed: the call overran, even if it swallowed
+            # the exception and returned something.
+            return "timeout", f"call exceeded {timeout:g}s", secs
+        return outcome[0], outcome[1], secs
+
+    def _invoke(self, code: Any, g: dict[str, Any], entry: str, arg: Any, max_bytes: int) -> tuple[str, str]:
+        exec(code, g)
+        fn = g.get(entry)
+        if fn is None or not callable(fn):
+            return "missing_entry", f"source defines no callable {entry!r}"
+        value = fn(arg)
+        return self._encode(value, max_bytes)
+
+    @staticmethod
+    def _reject(obj: object) -> None:
+        raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
+
+    # The C encoder built once (JSONEncoder.encode rebuilds it on every call).
+    # markers=None: cycles end in RecursionError -> bad_return, and no shared
+    # state survives an interrupted encode.
+    _C_ENCODE = staticmethod(
+        json.encoder.c_make_encoder(None, _reject, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)  # type: ignore[attr-defined]
+        if json.encoder.c_make_encoder is not None  # type: ignore[attr-defined]
+        else None
+    )
+    _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+    def _encode(self, value: Any, max_bytes: int) -> tuple[str, str]:
+        t = type(value)
+        if t is bool:
+            return "ok", "true" if value else "false"
+        if value is None:
+            return "ok", "null"
+        if t is str and len(value) > max_bytes:
+            return "output_too_large", f"returned a {len(value)}-character string (limit {max_bytes} bytes)"
+        if (t is list or t is dict or t is tuple) and len(value) > max_bytes // 2:
+            return "output_too_large", f"returned a {t.__name__} with {len(value)} items (limit {max_bytes} bytes)"
+        try:
+            enc = self._C_ENCODE
+            text = "".join(enc(value, 0)) if enc is not None else self._ENCODER.encode(value)
+        except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+            return "bad_return", f"return value is not JSON-serialisable: {str(exc)[:200]}"
+        if len(text) > max_bytes:
+            return "output_too_large", f"return value is {len(text)} bytes as JSON (limit {max_bytes})"
+        return "ok", text
+
+    def _classify(self, exc: BaseException, timeout: float) -> tuple[str, str]:
+        if isinstance(exc, _Timeout):
+            return "timeout", f"call exceeded {timeout:g}s"
+        if isinstance(exc, _PolicyViolation):
+            return "forbidden", str(exc)
+        if isinstance(exc, MemoryError):
+            return "memory", "MemoryError: memory limit exceeded"
+        line = None
+        self.st.introspect = True
+        try:
+            tb = exc.__traceback__
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == CHECKER_FILENAME:
+                    line = tb.tb_lineno
+                tb = tb.tb_next
+        except BaseException:  # noqa: BLE001
+            pass
+        finally:
+            self.st.introspect = False
+        try:
+            name = type(exc).__name__
+            text = str(exc)
+            # Exact str only: a str subclass could run checker code when sliced/formatted.
+            name = name if type(name) is str else "Exception"
+            text = text[:300] if type(text) is str else "<unprintable>"
+        except BaseException:  # noqa: BLE001 - a hostile __str__ must not break us
+            name, text = "Exception", "<unprintable>"
+        where = f" (line {line})" if line else ""
+        return "exception", f"{name}: {text}{where}" if text else f"{name}{where}"
+
+
+_WORKER_GLOBALS = globals()
+
+
+def _worker_main(argv: list[str]) -> None:
+    here = os.path.dirname(_THIS_FILE)
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
+    import traceback  # before chroot: needed to report setup failures
+
+    req_fd, resp_fd, shm_fd, memory_mb = (int(a) for a in argv[:4])
+    # Renumber our pipes to 3 and 4 so RLIMIT_NOFILE=5 leaves no room for new fds.
+    fds = []
+    for fd in (req_fd, resp_fd, shm_fd):
+        fds.append(os.dup(fd))
+    for fd in {req_fd, resp_fd, shm_fd}:
+        os.close(fd)
+    for target, fd in zip((3, 4, 5), fds):
+        if fd != target:
+            os.dup2(fd, target, inheritable=False)
+            os.close(fd)
+    req_fd, resp_fd, shm_fd = 3, 4, 5
+    rt = _WorkerRuntime(req_fd, resp_fd, shm_fd, memory_mb)
+    try:
+        rt.preload()
+        rt.build_runtime()
+        rt.harden()
+    except BaseException as exc:  # report instead of dying silently
+        msg = "".join(traceback.format_exception(exc))[-2000:]
+        try:
+            rt._write_frame(json.dumps({"hello": False, "error": msg}).encode(), b"")
+        finally:
+            os._exit(3)
+    rt.send_hello()
+    try:
+        rt.serve()
+    except BaseException:  # noqa: BLE001 - the parent attributes the death via progress
+        os._exit(4)
+    os._exit(0)
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == _WORKER_FLAG:
+    _worker_main(sys.argv[2:])

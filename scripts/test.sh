@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Install what the tests need (Python deps; Chromium for the browser test when apt is available), then run pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

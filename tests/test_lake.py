@@ -1,0 +1,372 @@
+"""Lake tests against real Delta tables in tmp dirs (no mocks)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from cowork_pipeline.lake import (
+    LINEAGE_COLUMNS,
+    Lake,
+    LakeError,
+    Lineage,
+    NotPromoted,
+    TableNotFound,
+)
+
+LIN = Lineage(run_id="run-1", asset="environments", code_version="v1", upstream_versions={"b": 2, "a": 1})
+
+
+def lin(run_id: str = "run-1", **upstream: int) -> Lineage:
+    return Lineage(run_id=run_id, asset="environments", code_version="v1", upstream_versions=upstream)
+
+
+@pytest.fixture()
+def lake(tmp_path: Path) -> Lake:
+    return Lake(str(tmp_path / "lake"))
+
+
+def envs(ids: list[int], tag: str = "x") -> pl.DataFrame:
+    return pl.DataFrame(
+        {"env_id": [f"e{i}" for i in ids], "score": [float(i) for i in ids], "tag": [tag] * len(ids)}
+    )
+
+
+def sorted_data(df: pl.DataFrame) -> pl.DataFrame:
+    return df.drop([c for c in LINEAGE_COLUMNS if c in df.columns]).sort("env_id")
+
+
+# ----------------------------------------------------------------- basics
+def test_round_trip_with_lineage_columns(lake: Lake) -> None:
+    assert not lake.exists("envs") and lake.version("envs") is None
+    v = lake.write("envs", envs([1, 2, 3]), lineage=LIN, key=["env_id"])
+    assert v == 0 and lake.exists("envs") and lake.version("envs") == 0
+
+    out = lake.read("envs")
+    assert set(LINEAGE_COLUMNS) <= set(out.columns)
+    assert_frame_equal(sorted_data(out), envs([1, 2, 3]), check_column_order=False)
+    assert out["_run_id"].unique().to_list() == ["run-1"]
+    assert out["_asset"].unique().to_list() == ["environments"]
+    assert out["_code_version"].unique().to_list() == ["v1"]
+    upstream = out["_upstream_versions"].unique().to_list()
+    assert upstream == ['{"a": 1, "b": 2}']  # keys sorted
+    assert json.loads(upstream[0]) == {"a": 1, "b": 2}
+
+    # a frame read from one table and written to another gets fresh lineage, not stale copies
+    down = Lineage.local("scored", upstream_versions={"envs": v})
+    assert down.run_id.startswith("local-")
+    lake.write("scored", out, lineage=down, key=["env_id"])
+    scored = lake.read("scored")
+    assert scored.columns.count("_run_id") == 1
+    assert scored["_run_id"].unique().to_list() == [down.run_id]
+    assert scored["_upstream_versions"].unique().to_list() == ['{"envs": 0}']
+
+    assert lake.read("envs", columns=["env_id"]).columns == ["env_id"]
+    with pytest.raises(LakeError, match="nope"):
+        lake.read("envs", columns=["nope"])
+
+
+def test_history_carries_commit_metadata(lake: Lake) -> None:
+    lake.write("envs", envs([1]), lineage=lin("run-A", up=3), key=["env_id"])
+    lake.write("envs", envs([2]), lineage=lin("run-B"), key=["env_id"])
+    hist = lake.history("envs")
+    assert [h["version"] for h in hist] == [1, 0]  # newest first
+    assert [h["run_id"] for h in hist] == ["run-B", "run-A"]
+    assert hist[0]["asset"] == "environments" and hist[0]["code_version"] == "v1"
+    assert hist[0]["operation"] == "MERGE" and hist[1]["operation"] == "WRITE"
+    assert hist[1]["upstream_versions"] == {"up": 3}
+    assert hist[0]["timestamp"].endswith("+00:00")
+    assert len(lake.history("envs", limit=1)) == 1
+
+
+def test_merge_is_idempotent(lake: Lake) -> None:
+    lake.write("envs", envs([1, 2, 3]), lineage=LIN, key=["env_id"])
+    lake.write("envs", envs([1, 2, 3]), lineage=LIN, key=["env_id"])
+    out = lake.read("envs")
+    assert out.height == 3 and out["env_id"].n_unique() == 3
+    # duplicate keys inside one batch collapse (last wins) instead of duplicating
+    lake.write("envs", pl.concat([envs([4], "old"), envs([4], "new")]), lineage=LIN, key=["env_id"])
+    out = lake.read("envs")
+    assert out.height == 4 and out.filter(pl.col("env_id") == "e4")["tag"].to_list() == ["new"]
+
+
+def test_merge_updates_by_key_and_time_travel(lake: Lake) -> None:
+    v0 = lake.write("envs", envs([1, 2]), lineage=lin("r0"), key=["env_id"])
+    v1 = lake.write("envs", envs([2, 3], tag="new"), lineage=lin("r1"), key=["env_id"])
+    assert (v0, v1) == (0, 1)
+    now = lake.read("envs").sort("env_id")
+    assert now["env_id"].to_list() == ["e1", "e2", "e3"]
+    assert now["tag"].to_list() == ["x", "new", "new"]
+    assert now["_run_id"].to_list() == ["r0", "r1", "r1"]  # lineage follows the row's last writer
+
+    assert_frame_equal(sorted_data(lake.read("envs", version=0)), envs([1, 2]), check_column_order=False)
+    with pytest.raises(LakeError, match="no version 7"):
+        lake.read("envs", version=7)
+
+
+def test_composite_key_and_mixed_case_columns(lake: Lake) -> None:
+    df = pl.DataFrame({"taskId": ["t", "t", "u"], "Seed": [1, 2, 1], "v": [1, 2, 3]})
+    lake.write("runs", df, lineage=LIN, key=["taskId", "Seed"])
+    lake.write("runs", df.with_columns(pl.col("v") * 10), lineage=LIN, key=["taskId", "Seed"])
+    out = lake.read("runs").sort("taskId", "Seed")
+    assert out["v"].to_list() == [10, 20, 30]
+
+
+def test_append_overwrite_and_replace_where(lake: Lake) -> None:
+    lake.write("log", envs([1, 2]), lineage=LIN, mode="append")
+    lake.write("log", envs([2]), lineage=LIN, mode="append")
+    assert lake.read("log").height == 3
+    lake.write("log", envs([9]), lineage=LIN, mode="overwrite")
+    assert lake.read("log")["env_id"].to_list() == ["e9"]
+    lake.write("log", envs([1, 2], tag="a"), lineage=LIN, mode="append")
+    lake.write("log", envs([5], tag="a"), lineage=LIN, mode="overwrite", replace_where="tag = 'a'")
+    assert sorted(lake.read("log")["env_id"].to_list()) == ["e5", "e9"]
+
+
+def test_write_argument_errors(lake: Lake) -> None:
+    with pytest.raises(ValueError, match="key"):
+        lake.write("envs", envs([1]), lineage=LIN)  # merge without key
+    with pytest.raises(ValueError, match="replace_where"):
+        lake.write("envs", envs([1]), lineage=LIN, mode="append", replace_where="tag = 'x'")
+    with pytest.raises(LakeError, match="not in the dataframe"):
+        lake.write("envs", envs([1]), lineage=LIN, key=["nope"])
+    with pytest.raises(LakeError, match="nulls"):
+        lake.write("envs", pl.DataFrame({"env_id": ["a", None]}), lineage=LIN, key=["env_id"])
+    with pytest.raises(ValueError, match="invalid table name"):
+        lake.uri("../escape")
+    assert not lake.exists("envs")
+
+
+def test_remote_uri_layout() -> None:
+    lake = Lake("s3://bucket/prefix/", storage_options={"AWS_ENDPOINT_URL": "http://localhost:9000"})
+    assert lake.uri("envs") == "s3://bucket/prefix/envs"
+    assert lake.uri("eval/runs") == "s3://bucket/prefix/eval/runs"
+
+
+# ------------------------------------------------------ schema and types
+def test_empty_df_creates_table_with_schema(lake: Lake) -> None:
+    empty = pl.DataFrame(
+        schema={"env_id": pl.String, "score": pl.Float64, "meta": pl.Struct({"k": pl.Int64})}
+    )
+    assert lake.write("envs", empty, lineage=LIN, key=["env_id"]) == 0
+    out = lake.read("envs")
+    assert out.height == 0
+    assert out.schema["score"] == pl.Float64 and out.schema["meta"] == pl.Struct({"k": pl.Int64})
+    assert set(LINEAGE_COLUMNS) <= set(out.columns)
+    # an empty write to an existing table is a no-op, not a new version
+    assert lake.write("envs", empty, lineage=LIN, key=["env_id"]) == 0
+
+
+def test_nested_columns_and_large_json_round_trip(lake: Lake) -> None:
+    big = json.dumps({"files": {f"f{i}.py": "x = 1\n" * 50 for i in range(200)}})  # ~70 KB
+    df = pl.DataFrame(
+        {
+            "env_id": ["e1", "e2"],
+            "spec": [
+                {"task": "fix bug", "tools": ["bash", "edit"], "limits": {"steps": 30}},
+                {"task": "write doc", "tools": [], "limits": {"steps": 5}},
+            ],
+            "tags": [["a", "b"], []],
+            "payload": [big, "{}"],
+        }
+    )
+    lake.write("envs", df, lineage=LIN, key=["env_id"])
+    out = lake.read("envs").drop(list(LINEAGE_COLUMNS)).sort("env_id")
+    assert_frame_equal(out, df)
+    assert json.loads(out["payload"][0]) == json.loads(big)
+
+
+def test_schema_evolution_and_null_columns(lake: Lake) -> None:
+    lake.write("envs", envs([1]), lineage=LIN, key=["env_id"])
+    lake.write("envs", envs([2]).with_columns(pl.lit(True).alias("verified")), lineage=LIN, key=["env_id"])
+    out = lake.read("envs").sort("env_id")
+    assert out["verified"].to_list() == [None, True]
+    # an all-null (polars Null-typed) column takes the table's type
+    lake.write("envs", pl.DataFrame({"env_id": ["e3"], "score": [None]}), lineage=LIN, key=["env_id"])
+    assert lake.read("envs").schema["score"] == pl.Float64
+
+
+# --------------------------------------------------- write-audit-publish
+def test_promote_and_read_promoted(lake: Lake) -> None:
+    with pytest.raises(NotPromoted, match="does not exist"):
+        lake.read_promoted("envs")
+    v0 = lake.write("envs", envs([1, 2]), lineage=lin("r0"), key=["env_id"])
+    assert lake.promoted_version("envs") is None
+    with pytest.raises(NotPromoted, match="envs"):
+        lake.read_promoted("envs")
+
+    lake.promote("envs", v0, run_id="r0", checks={"unique_ids": True})
+    lake.promote("envs", v0, run_id="r0", checks={"unique_ids": True})  # idempotent
+    assert lake.promotions("envs").height == 1
+    assert json.loads(lake.promotions("envs")["checks"][0]) == {"unique_ids": True}
+
+    v1 = lake.write("envs", envs([2, 3], tag="new"), lineage=lin("r1"), key=["env_id"])
+    data, version = lake.read_promoted("envs")  # v1 is written but not audited yet
+    assert version == v0 == 0
+    assert_frame_equal(data, lake.read("envs", version=v0))
+    assert sorted(data["env_id"].to_list()) == ["e1", "e2"]
+    assert set(data["tag"].to_list()) == {"x"}
+
+    lake.promote("envs", v1, run_id="r1")
+    data, version = lake.read_promoted("envs", columns=["env_id", "tag"])
+    assert version == v1 and data.columns == ["env_id", "tag"] and data.height == 3
+
+    lake.promote("envs", v0, run_id="rollback")  # promoting an older version is a rollback
+    assert lake.promoted_version("envs") == v0
+    assert lake.promotions("envs")["version"].to_list() == [0, 1, 0]
+
+    with pytest.raises(LakeError, match="version 5"):
+        lake.promote("envs", 5, run_id="r")
+    with pytest.raises(TableNotFound, match="ghost"):
+        lake.promote("ghost", 0, run_id="r")
+    # promotions of one table never leak into another
+    lake.write("other", envs([7]), lineage=LIN, key=["env_id"])
+    assert lake.promoted_version("other") is None
+
+
+def caps(cap: str, n: int, tag: str) -> pl.DataFrame:
+    return pl.DataFrame({"cap": [cap] * n, "env_id": [f"{cap}{i}" for i in range(n)], "tag": [tag] * n})
+
+
+def test_partitioned_promotion_never_leaks_a_failed_partition(lake: Lake) -> None:
+    def write_part(df: pl.DataFrame, cap: str) -> int:
+        return lake.write("envs", df, lineage=LIN, mode="overwrite", replace_where=f"cap = '{cap}'")
+
+    a0 = write_part(caps("A", 2, "good"), "A")  # creates the table
+    lake.promote("envs", a0, run_id="r", partition="A", partition_column="cap")
+    b1 = write_part(caps("B", 3, "good"), "B")
+    lake.promote("envs", b1, run_id="r", partition="B", partition_column="cap")
+    write_part(caps("A", 5, "BAD"), "A")  # its checks fail: never promoted
+    b3 = write_part(caps("B", 1, "good2"), "B")
+    lake.promote("envs", b3, run_id="r", partition="B", partition_column="cap")
+    lake.promote("envs", b3, run_id="r", partition="B", partition_column="cap")  # idempotent
+    assert lake.promotions("envs").height == 3
+
+    data, version = lake.read_promoted("envs")
+    assert version == b3 == 3 and lake.promoted_version("envs") == 3
+    assert sorted(zip(data["env_id"], data["tag"], strict=True)) == [
+        ("A0", "good"),
+        ("A1", "good"),
+        ("B0", "good2"),
+    ]
+    data, _ = lake.read_promoted("envs", columns=["env_id"])  # filter column need not be selected
+    assert sorted(data["env_id"]) == ["A0", "A1", "B0"]
+    # an empty partition overwrite deletes that partition's rows
+    b4 = write_part(caps("B", 0, "x"), "B")
+    assert lake.read("envs", version=b4)["cap"].unique().to_list() == ["A"]
+
+    # a whole-table promotion (or one naming only the partition value) publishes that version as is
+    lake.promote("envs", 2, run_id="r", partition="A")
+    data, version = lake.read_promoted("envs")
+    assert version == 2 and sorted(data["tag"].unique()) == ["BAD", "good"]
+
+
+def test_concurrent_partition_overwrites_lose_nothing(lake: Lake) -> None:
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def work(cap: str) -> None:
+        start.wait()
+        try:
+            for round_ in range(4):
+                df = caps(cap, 3, f"round{round_}")
+                lake.write("envs", df, lineage=LIN, mode="overwrite", replace_where=f"cap = '{cap}'")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in "ABCD"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    out = lake.read("envs")
+    assert out.height == 12 and out["env_id"].n_unique() == 12
+    assert out["tag"].unique().to_list() == ["round3"]  # each partition holds its last write only
+
+
+# ------------------------------------------------------------ failures
+def test_missing_table_raises_table_not_found(lake: Lake) -> None:
+    with pytest.raises(TableNotFound, match="ghost"):
+        lake.read("ghost")
+    with pytest.raises(TableNotFound):
+        lake.history("ghost")
+
+
+def test_corrupt_log_raises_lake_error_naming_table(lake: Lake) -> None:
+    lake.write("envs", envs([1]), lineage=LIN, key=["env_id"])
+    lake.write("envs", envs([2]), lineage=LIN, key=["env_id"])
+    Path(lake.uri("envs"), "_delta_log", "00000000000000000001.json").write_text("{garbage")
+    with pytest.raises(LakeError, match=r"'envs'.*(corrupt|unreadable)") as info:
+        lake.read("envs")
+    assert not isinstance(info.value, TableNotFound)
+    assert info.value.__cause__ is not None
+
+
+def test_missing_data_file_raises_lake_error_naming_table(lake: Lake) -> None:
+    lake.write("envs", envs([1, 2]), lineage=LIN, key=["env_id"])
+    for f in glob.glob(os.path.join(lake.uri("envs"), "*.parquet")):
+        os.remove(f)
+    with pytest.raises(LakeError, match=r"'envs'.*(corrupt|unreadable)") as info:
+        lake.read("envs")
+    assert info.value.__cause__ is not None
+
+
+# ---------------------------------------------------------- concurrency
+def test_concurrent_threads_lose_nothing(lake: Lake) -> None:
+    writers, writes = 4, 8
+    errors: list[BaseException] = []
+    versions: list[int] = []
+    start = threading.Barrier(writers)
+
+    def work(w: int) -> None:
+        start.wait()  # all threads race to create the table at once
+        try:
+            for i in range(writes):
+                versions.append(lake.write("envs", envs([w * 100 + i]), lineage=lin(f"t{w}"), key=["env_id"]))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    out = lake.read("envs")
+    assert out.height == writers * writes and out["env_id"].n_unique() == writers * writes
+    assert lake.version("envs") == writers * writes - 1  # one commit per write...
+    assert sorted(versions) == list(range(writers * writes))  # ...and each write knows its own
+    ops = [h["operation"] for h in lake.history("envs", limit=None)]
+    assert ops.count("WRITE") == 1  # exactly one creator won; the others merged
+
+
+def _process_writer(root: str, worker: int, writes: int) -> list[int]:
+    # Module-level so the spawn start method can pickle it.
+    lake = Lake(root)
+    return [
+        lake.write("envs", envs([worker * 1000 + i]), lineage=lin(f"p{worker}"), key=["env_id"])
+        for i in range(writes)
+    ]
+
+
+def test_concurrent_processes_lose_nothing(tmp_path: Path) -> None:
+    root = str(tmp_path / "lake")
+    # spawn, not fork: forking a process whose Rust/Arrow thread pools are live is unsafe.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
+        futures = [pool.submit(_process_writer, root, w, 10) for w in range(2)]
+        versions = [v for f in futures for v in f.result()]
+    assert len(set(versions)) == 20  # each write got its own commit version
+    out = Lake(root).read("envs")
+    assert out.height == 20 and out["env_id"].n_unique() == 20
+    assert out.group_by("_run_id").len().sort("_run_id")["len"].to_list() == [10, 10]

@@ -1,0 +1,342 @@
+"""The LLM generator backend against a real (scripted) OpenAI-compatible HTTP server on 127.0.0.1."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowork_pipeline.capabilities import load_catalog
+from cowork_pipeline.spec import EnvironmentSpec, canonical_json
+from cowork_pipeline.synthesis.draft import Diagnostic, Draft
+from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+from cowork_pipeline.synthesis.llm import (
+    PROMPTS_DIR, LLMBackend, NoJSON, example_document, extract_json_object, load_template, prompt_sha256,
+)
+from cowork_pipeline.synthesis.repair import synthesize
+from cowork_pipeline.validation.certify import Validator
+
+MODEL = "test-model"
+LAX = "def check(ev):\n    return True\n"
+
+
+# ---- a dev-or-real sandbox ----------------------------------------------------------------
+def _make_sandbox() -> Any:
+    if importlib.util.find_spec("cowork_pipeline.validation.sandbox") is not None:
+        return importlib.import_module("cowork_pipeline.validation.sandbox").Sandbox(workers=1)
+    spec = importlib.util.spec_from_file_location("devsandbox", "/tmp/shim/devsandbox.py")  # until the real one lands
+    assert spec is not None and spec.loader is not None, "no cowork_pipeline.validation.sandbox and no /tmp/shim/devsandbox.py"
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.DevSandbox()
+
+
+@pytest.fixture(scope="module")
+def validator():
+    sb = _make_sandbox()
+    yield Validator(sb)
+    if hasattr(sb, "close"):
+        sb.close()
+
+
+@pytest.fixture(scope="module")
+def cap():
+    return load_catalog()["invoice_reconcile"]
+
+
+@pytest.fixture(scope="module")
+def good_doc(cap) -> dict[str, Any]:
+    return EmbeddedBackend().draft(cap, 3).spec.model_dump(mode="json")
+
+
+def lax_doc(good: dict[str, Any]) -> dict[str, Any]:
+    doc = json.loads(json.dumps(good))
+    item = next(i for i in doc["rubric"] if i["id"] == "invoice_amount")
+    item["code"] = LAX
+    return doc
+
+
+# ---- the scripted chat-completions server -------------------------------------------------
+def completion(content: str, usage: dict[str, int] | None = None, finish: str = "stop") -> tuple[int, bytes, dict[str, str]]:
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+            "usage": usage or {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}}
+    return 200, json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
+def error(status: int, message: str = "boom") -> tuple[int, bytes, dict[str, str]]:
+    return status, json.dumps({"error": {"message": message, "type": "server_error"}}).encode(), {"Content-Type": "application/json"}
+
+
+class ScriptedLLM:
+    """Serves the scripted responses in order and records every request."""
+
+    def __init__(self) -> None:
+        self.responses: list[tuple[int, bytes, dict[str, str]]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        script = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with script.lock:
+                    script.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                                            "body": json.loads(raw)})
+                    status, payload, headers = script.responses.pop(0) if script.responses else error(500, "script exhausted")
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    def script(self, *responses: tuple[int, bytes, dict[str, str]]) -> None:
+        self.responses.extend(responses)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def backend(self, **kw: Any) -> LLMBackend:
+        kw.setdefault("backoff_s", 0.01)
+        kw.setdefault("timeout_s", 5)
+        return LLMBackend(f"http://127.0.0.1:{self.port}/v1", MODEL, api_key="sk-test", **kw)
+
+
+@pytest.fixture
+def llm():
+    s = ScriptedLLM()
+    yield s
+    s.close()
+
+
+# ---- 1. a good answer --------------------------------------------------------------------
+def test_good_response_certifies(llm, cap, good_doc, validator):
+    llm.script(completion(json.dumps(good_doc)))
+    d = llm.backend(temperature=0.3).draft(cap, 3)
+    assert d.spec is not None, d.parse_diagnostics
+    assert d.parse_diagnostics == [] and d.backend == "llm" and d.attempt == 0 and d.capability is cap
+    assert d.spec.env_id == "invoice_reconcile-000003" and d.spec.capability_id == cap.id and d.spec.seed == 3
+    g = d.spec.generator
+    assert (g.backend, g.version, g.prompt_version, g.attempt, g.model) == ("llm", "llm-1", "generate_v1", 0, MODEL)
+    cert = validator.certify(d)
+    assert cert.certified, cert.diagnostics
+
+    (req,) = llm.requests
+    assert req["path"] == "/v1/chat/completions"
+    assert req["headers"]["authorization"] == "Bearer sk-test"
+    body = req["body"]
+    assert body["model"] == MODEL and body["temperature"] == 0.3 and body["seed"] == 3
+    assert body["response_format"] == {"type": "json_object"}
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    prompt = "\n".join(m["content"] for m in body["messages"])
+    assert cap.title in prompt
+    for t in cap.tools:
+        assert f"`{t}(" in prompt, t
+    assert "mail_deliver(" in prompt  # world-event tools of the capability's services
+    assert "no_outside_email" in prompt and '"$var"' in prompt and "def check(ev)" in prompt
+    assert "crm.invoices" in prompt  # record shapes
+    assert d.raw == json.dumps(good_doc)
+    assert d.cost["llm_tokens"] == 1500 and d.cost["prompt_tokens"] == 1000 and d.cost["completion_tokens"] == 500
+    assert d.cost["seconds"] > 0 and d.cost["http_attempts"] == 1
+
+
+def test_prompt_example_document_certifies(validator):
+    """The example shown to the model is itself a valid, certifiable environment."""
+    spec = EnvironmentSpec.model_validate(example_document("v1"))
+    cert = validator.certify(Draft("example", 0, 0, "llm", spec))
+    assert cert.certified, cert.diagnostics
+    assert cert.kill_rate == 1.0 and len(cert.mutants) >= 4
+
+
+# ---- 2. broken answers and transport failures ---------------------------------------------
+def test_prose_and_fences_around_json_parse(llm, cap, good_doc):
+    text = ("Sure! Here is the environment {as requested}:\n\n```json\n" + json.dumps(good_doc, indent=2)
+            + "\n```\n\nLet me know if you need {anything} else.")
+    llm.script(completion(text))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is not None, d.parse_diagnostics
+    assert d.raw == text
+
+
+def test_truncated_json_is_unparseable(llm, cap, good_doc, validator):
+    text = json.dumps(good_doc)[:5000]
+    llm.script(completion(text, finish="length"))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is None and d.raw == text
+    (diag,) = d.parse_diagnostics
+    assert diag.code == "unparseable_output"
+    assert "never closed" in diag.message and "token limit" in diag.message
+    assert [x.code for x in validator.certify(d).diagnostics] == ["unparseable_output"]
+
+
+def test_garbage_is_unparseable(llm, cap):
+    llm.script(completion("I'm sorry, I cannot help with environments today."))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is None
+    assert [x.code for x in d.parse_diagnostics] == ["unparseable_output"]
+    assert "no JSON object" in d.parse_diagnostics[0].message
+
+
+def test_wrong_shape_is_schema_invalid_with_paths(llm, cap, good_doc):
+    bad = json.loads(json.dumps(good_doc))
+    bad["rubric"][1]["kind"] = "bonus"
+    del bad["reference"][0]["steps"][0]["tool"]
+    llm.script(completion(json.dumps({"answer": "an environment"})), completion(json.dumps(bad)))
+    b = llm.backend()
+    d1 = b.draft(cap, 3)
+    assert d1.spec is None and {x.code for x in d1.parse_diagnostics} == {"schema_invalid"}
+    paths = {x.detail["path"] for x in d1.parse_diagnostics}
+    assert {"$.world", "$.rubric", "$.reference", "$.turns", "$.system_prompt"} <= paths
+    d2 = b.draft(cap, 3)
+    assert d2.spec is None
+    msgs = " | ".join(x.message for x in d2.parse_diagnostics)
+    assert "$.rubric[1].kind" in msgs and "$.reference[0].steps[0].tool" in msgs
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_transient_error_then_good_is_retried(llm, cap, good_doc, status):
+    llm.script(error(status), completion(json.dumps(good_doc)))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is not None, d.parse_diagnostics
+    assert len(llm.requests) == 2 and d.cost["http_attempts"] == 2
+    assert llm.requests[0]["body"] == llm.requests[1]["body"]
+
+
+def test_retries_are_bounded(llm, cap, validator):
+    llm.script(error(500), error(502), error(503), error(500))
+    d = llm.backend(max_retries=2).draft(cap, 3)
+    assert d.spec is None and len(llm.requests) == 3
+    (diag,) = d.parse_diagnostics
+    assert diag.code == "generator_error" and "HTTP 503" in diag.message and "3 attempt" in diag.message
+    assert [x.code for x in validator.certify(d).diagnostics] == ["generator_error"]
+
+
+def test_client_error_is_not_retried(llm, cap):
+    llm.script(error(401, "invalid api key"))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is None and len(llm.requests) == 1
+    assert d.parse_diagnostics[0].code == "generator_error" and "invalid api key" in d.parse_diagnostics[0].message
+
+
+def test_server_without_json_mode(llm, cap, good_doc):
+    llm.script(error(400, "response_format json_object is not supported by this model"), completion(json.dumps(good_doc)))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is not None
+    assert "response_format" in llm.requests[0]["body"] and "response_format" not in llm.requests[1]["body"]
+
+
+def test_connection_refused_is_a_diagnostic(cap):
+    s = ScriptedLLM()
+    b = s.backend(max_retries=1)
+    s.close()
+    d = b.draft(cap, 3)
+    assert d.spec is None and d.raw is None
+    (diag,) = d.parse_diagnostics
+    assert diag.code == "generator_error" and "cannot reach" in diag.message
+    r = b.revise(d, d.parse_diagnostics)  # revise never raises either
+    assert r.spec is None and r.attempt == 1 and r.parse_diagnostics[0].code == "generator_error"
+
+
+def test_revise_after_transport_failure_asks_again(llm, cap, good_doc):
+    b = llm.backend()
+    failed = Draft(cap.id, 3, 0, "llm", None, capability=cap, parse_diagnostics=[Diagnostic("generator_error", "timeout")])
+    llm.script(completion(json.dumps(good_doc)))
+    d = b.revise(failed, failed.parse_diagnostics)
+    assert d.spec is not None and d.attempt == 1 and d.spec.generator.attempt == 1
+    assert [m["role"] for m in llm.requests[0]["body"]["messages"]] == ["system", "user"]
+    assert d.spec.generator.prompt_version == "generate_v1"
+
+
+# ---- 3. the repair loop end to end --------------------------------------------------------
+def test_repair_loop_end_to_end(llm, cap, good_doc, validator):
+    llm.script(completion("the environment: {world: ...}"), completion(json.dumps(lax_doc(good_doc))),
+               completion(json.dumps(good_doc)))
+    (out,) = synthesize(llm.backend(), validator, cap, [3], max_rounds=3)
+    assert out.accepted and out.rounds == 2
+    codes = [sorted({d.code for d in a.certification.diagnostics}) for a in out.attempts]
+    assert codes[0] == ["unparseable_output"]
+    assert "mutation_survived" in codes[1] and codes[2] == []
+    assert len(llm.requests) == 3
+
+    first, second, third = (r["body"]["messages"] for r in llm.requests)
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[:2] == first  # the revision continues the generate conversation
+    assert second[2]["content"] == "the environment: {world: ...}"  # the raw answer, quoted back
+    assert "unparseable_output" in second[3]["content"]
+    assert "mutation_survived" in third[3]["content"] and "crm_update_invoice" in third[3]["content"]
+    assert json.loads(third[2]["content"])["rubric"][0]["code"] == LAX  # the previous document, as parsed
+
+    final = out.final.draft
+    assert final.attempt == 2 and final.spec.generator.attempt == 2 and final.spec.generator.prompt_version == "revise_v1"
+    assert any("changed rubric item invoice_amount (code)" in c for c in final.changes)
+    rows = [a.log_row() for a in out.attempts]
+    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["llm_tokens"] == 1500 for r in rows)
+
+
+# ---- 4. versioned prompts -----------------------------------------------------------------
+def test_prompts_are_versioned_and_hashed(llm, cap, good_doc):
+    llm.script(completion(json.dumps(lax_doc(good_doc))), completion(json.dumps(good_doc)))
+    b = llm.backend()
+    d = b.draft(cap, 3)
+    assert d.spec.generator.prompt_version == "generate_v1" == d.knobs["prompt_version"]
+    sent = llm.requests[0]["body"]["messages"]
+    assert d.knobs["prompt"] == sent
+    assert d.knobs["prompt_sha256"] == hashlib.sha256(canonical_json(sent).encode()).hexdigest() == prompt_sha256(sent)
+    tpl_bytes = (PROMPTS_DIR / "generate_v1.md").read_bytes()
+    assert d.knobs["template_sha256"] == hashlib.sha256(tpl_bytes).hexdigest()
+    assert d.knobs["response"]["usage"]["total_tokens"] == 1500
+
+    r = b.revise(d, [Diagnostic("null_passes", "the do-nothing trajectory passes every item")])
+    assert r.spec.generator.prompt_version == "revise_v1" == r.knobs["prompt_version"]
+    assert r.knobs["prompt_sha256"] == prompt_sha256(llm.requests[1]["body"]["messages"]) != d.knobs["prompt_sha256"]
+    assert r.knobs["template_sha256"] == load_template("revise_v1").sha256
+
+    # Rendering is deterministic for (capability, seed) and differs across seeds.
+    assert prompt_sha256(b.generate_messages(cap, 3)) == d.knobs["prompt_sha256"]
+    assert prompt_sha256(b.generate_messages(cap, 4)) != d.knobs["prompt_sha256"]
+    with pytest.raises(ValueError, match="available versions"):
+        LLMBackend("http://127.0.0.1:1/v1", MODEL, prompt_version="v999")
+
+
+# ---- JSON extraction ----------------------------------------------------------------------
+def test_extract_json_object_respects_strings():
+    text = 'Note {not json}. Result: {"a": "brace } and { in \\"string\\"", "b": {"c": [1, 2]}} trailing {"x": 1}'
+    assert extract_json_object(text) == {"a": 'brace } and { in "string"', "b": {"c": [1, 2]}}
+    assert extract_json_object('{"code": "def check(ev):\n    return True\n"}')["code"].startswith("def check")  # raw newlines
+    with pytest.raises(NoJSON, match="never closed"):
+        extract_json_object('{"world": {"a": {"id": "a"}}, "rubric": [{"id": "x"')  # inner objects are not returned
+    with pytest.raises(NoJSON, match="invalid JSON"):
+        extract_json_object("{'single': 'quotes'}")
+    with pytest.raises(NoJSON, match="empty"):
+        extract_json_object("   ")
+
+
+def test_bad_base_url_is_a_diagnostic(cap):
+    d = LLMBackend("notaurl", MODEL).draft(cap, 3)
+    assert d.spec is None and d.parse_diagnostics[0].code == "generator_error"
+
+
+@settings(max_examples=60, deadline=None)
+@given(doc=st.dictionaries(st.text(max_size=8), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=12), max_size=4),
+    before=st.text(alphabet=st.characters(blacklist_characters="{"), max_size=30), after=st.text(max_size=30))
+def test_extract_finds_the_document_in_any_prose(doc, before, after):
+    assert extract_json_object(before + json.dumps(doc) + after) == doc

@@ -1,0 +1,566 @@
+"""Escape probes for the checker sandbox: each must be contained, reported with the
+right error code, and leave the Sandbox usable for a normal check afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cowork_pipeline.validation.sandbox import (
+    ERROR_CODES,
+    CallResult,
+    Sandbox,
+    SandboxLimits,
+    static_check,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+GOOD = "def check(ev):\n    return {'n': len(ev.get('xs', [])), 'ok': True}\n"
+LIMITS = SandboxLimits(cpu_seconds=5.0, call_timeout_s=0.5, memory_mb=512, max_result_bytes=10_000)
+IS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(workers=1, limits=LIMITS) as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def raw():
+    """No static layer: probes hit the runtime layers directly."""
+    with Sandbox(workers=1, limits=LIMITS, static_policy=False) as box:
+        yield box
+
+
+def run(box: Sandbox, source: str, arg: object = None) -> CallResult:
+    [res] = box.evaluate({"s": source}, [("s", {} if arg is None else arg)])
+    assert res.error_code is None or res.error_code in ERROR_CODES
+    return res
+
+
+def assert_healthy(box: Sandbox) -> None:
+    res = run(box, GOOD, {"xs": [1, 2, 3]})
+    assert res.ok and res.value == {"n": 3, "ok": True}, res
+
+
+def check_src(body: str) -> str:
+    return "def check(ev):\n" + "".join(f"    {line}\n" for line in body.strip("\n").splitlines())
+
+
+# Escape sequences that work in plain CPython once dunder access is available.
+SUBCLASS_WALK = """
+def check(ev):
+    for cls in ().__class__.__bases__[0].__subclasses__():
+        if cls.__name__ == '_wrap_close':
+            g = cls.__init__.__globals__
+            return g['system']('touch /tmp/sandbox_pwned_%s')
+    return 'no _wrap_close'
+"""
+
+
+# ---------------------------------------------------------------------------------
+# Basic behaviour
+# ---------------------------------------------------------------------------------
+
+
+def test_normal_check_and_isolation_facts(sb: Sandbox) -> None:
+    assert_healthy(sb)
+    facts = sb.isolation()
+    layers = facts["layers"]
+    assert layers["audit_hook"] and layers["frozen_types"] > 0
+    assert all(layers["rlimits"][k] for k in ("AS", "CPU", "FSIZE", "NOFILE", "CORE"))
+    if IS_ROOT:
+        assert layers["chroot"] and facts["root_listing"] == [] and facts["cwd"] == "/"
+        assert layers["dropped_privileges"] and facts["uid"] != 0
+        assert layers["network_namespace"]
+        assert layers["rlimits"]["NPROC"]
+    if os.uname().machine == "x86_64":
+        assert layers["seccomp"]
+
+
+def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COWORK_TEST_SECRET", "hunter2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "xyz")
+    monkeypatch.setenv("COWORK_LAKE", "/srv/lake")  # resources.default_lake_root() reads it
+    with Sandbox(limits=LIMITS) as box:  # spawned after the variables exist
+        facts = box.isolation()
+        assert "COWORK_TEST_SECRET" not in facts["env_keys"]
+        assert "AWS_SECRET_ACCESS_KEY" not in facts["env_keys"]
+        assert "COWORK_LAKE" not in facts["env_keys"]
+        res = run(box, check_src("import os\nreturn os.environ.get('COWORK_LAKE')"))
+        assert res.error_code == "forbidden", res
+        assert "HOME" not in facts["env_keys"] and "PATH" not in facts["env_keys"]
+        assert set(facts["env_keys"]) <= {"PYTHONHASHSEED", "TZ", "LC_ALL", "COWORK_SANDBOX_DEBUG"}
+
+
+def test_probe_cannot_read_environ_or_lake(raw: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    (lake / "secret.json").write_text('{"token": "s3cr3t"}')
+    monkeypatch.setenv("COWORK_LAKE_TOKEN", "s3cr3t")
+    probes = {
+        "environ": check_src("import os\nreturn dict(os.environ)"),
+        "walk_environ": SUBCLASS_WALK.replace("return g['system']('touch /tmp/sandbox_pwned_%s')", "return dict(g['environ'])"),
+        "listdir": check_src(f"import os\nreturn os.listdir({str(lake)!r})"),
+        "walk_listdir": SUBCLASS_WALK.replace("return g['system']('touch /tmp/sandbox_pwned_%s')", f"return g['listdir']({str(lake)!r})"),
+        "walk_open": SUBCLASS_WALK.replace("return g['system']('touch /tmp/sandbox_pwned_%s')", f"return g['open']({str(lake / 'secret.json')!r}, 0)"),
+    }
+    results = dict(zip(probes, raw.evaluate(probes, [(k, {}) for k in probes])))
+    for key, res in results.items():
+        assert "s3cr3t" not in repr(res), key
+    # Even a probe that escaped the Python layers only sees the scrubbed environment.
+    walked = results.pop("walk_environ")
+    assert walked.error_code == "forbidden" or set(walked.value) <= {"PYTHONHASHSEED", "TZ", "LC_ALL", "COWORK_SANDBOX_DEBUG"}
+    assert all(r.error_code == "forbidden" for r in results.values()), results
+    assert_healthy(raw)
+
+
+def test_deterministic(sb: Sandbox) -> None:
+    src = check_src("return [sorted(ev['xs']), list({'alpha', 'beta', 'gamma', 'delta'}), hash('abc')]")
+    first = run(sb, src, {"xs": [3, 1, 2]})
+    second = run(sb, src, {"xs": [3, 1, 2]})
+    assert first.ok and first.value == second.value
+
+
+def test_batch_mixes_good_and_bad_in_order(sb: Sandbox) -> None:
+    sources = {
+        "good": GOOD,
+        "boom": check_src("return 1 / 0"),
+        "loop": check_src("while True:\n    pass"),
+        "syntax": "def check(ev):\n    return (\n",
+        "evil": check_src("import os\nreturn os.getcwd()"),
+        "set": check_src("return {1, 2}"),
+        "none": "x = 1\n",
+    }
+    order = ["good", "boom", "good", "loop", "syntax", "good", "evil", "set", "none", "good"]
+    args = [{"xs": list(range(i))} for i in range(len(order))]
+    results = sb.evaluate(sources, list(zip(order, args)))
+    expected = {
+        "boom": "exception", "loop": "timeout", "syntax": "compile_error",
+        "evil": "forbidden", "set": "bad_return", "none": "missing_entry",
+    }
+    for i, (key, res) in enumerate(zip(order, results)):
+        if key == "good":
+            assert res.ok and res.value == {"n": i, "ok": True}, (i, res)
+        else:
+            assert res.error_code == expected[key], (key, res)
+    assert_healthy(sb)
+
+
+def test_arguments_are_isolated_between_calls(sb: Sandbox) -> None:
+    ev = {"xs": [1, 2, 3]}
+    sources = {
+        "mutate": check_src("ev['xs'].append(99)\nev['new'] = 1\nreturn len(ev['xs'])"),
+        "read": check_src("return [len(ev['xs']), 'new' in ev]"),
+    }
+    results = sb.evaluate(sources, [("mutate", ev), ("read", ev), ("mutate", ev), ("read", ev)])
+    assert [r.value for r in results] == [4, [3, False], 4, [3, False]]
+    assert ev == {"xs": [1, 2, 3]}
+
+
+def test_globals_do_not_leak_between_calls(sb: Sandbox) -> None:
+    src = "seen = []\ndef check(ev):\n    seen.append(1)\n    return len(seen)\n"
+    results = sb.evaluate({"s": src}, [("s", {})] * 3)
+    assert [r.value for r in results] == [1, 1, 1]
+
+
+def test_common_stdlib_usage_works(sb: Sandbox) -> None:
+    src = """
+import re, json, math, statistics, itertools, functools, operator, string
+import collections.abc
+from collections import Counter, namedtuple, defaultdict
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from fractions import Fraction
+
+P = namedtuple('P', 'x y')
+
+class Finding:
+    def __init__(self, name):
+        self.name = name
+    def __repr__(self):
+        return f'Finding({self.name})'
+
+def check(ev):
+    ts = datetime.fromisoformat(ev['ts']) + timedelta(hours=1)
+    words = re.findall(r'\\w+', ev['text'].lower())
+    return {
+        'top': Counter(words).most_common(1)[0][0],
+        'mean': statistics.mean(ev['scores']),
+        'ts': ts.astimezone(timezone.utc).isoformat(),
+        'strp': datetime.strptime('2024-01-02', '%Y-%m-%d').day,
+        'dec': str(Decimal('0.1') + Decimal('0.2')),
+        'frac': str(Fraction(1, 3) * 3),
+        'p': P(1, 2)._asdict(),
+        'pairs': list(itertools.combinations('ab', 2)),
+        'sum': functools.reduce(operator.add, ev['scores']),
+        'get': operator.itemgetter('k')({'k': 'v'}),
+        'attr': operator.attrgetter('name')(Finding('f')),
+        'json': json.loads(json.dumps({'a': [1]})),
+        'ismap': isinstance(ev, collections.abc.Mapping),
+        'sqrt': math.sqrt(16),
+        'cap': string.capwords('a b'),
+        'repr': repr(Finding('x')),
+        'type': type(ev).__name__,
+    }
+"""
+    res = run(sb, src, {"ts": "2024-05-01T12:00:00+02:00", "text": "b a b", "scores": [1, 2, 3]})
+    assert res.ok, res
+    assert res.value["top"] == "b" and res.value["mean"] == 2 and res.value["ts"] == "2024-05-01T11:00:00+00:00"
+    assert res.value["dec"] == "0.3" and res.value["frac"] == "1" and res.value["p"] == {"x": 1, "y": 2}
+    assert res.value["attr"] == "f" and res.value["ismap"] is True and res.value["type"] == "dict"
+
+
+# ---------------------------------------------------------------------------------
+# Static layer
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source, fragment",
+    [
+        ("import os", "import of module 'os'"),
+        ("from subprocess import run", "import from module 'subprocess'"),
+        ("import importlib", "import of module 'importlib'"),
+        ("from . import x", "relative imports"),
+        ("x = ().__class__", "'__class__'"),
+        ("x = __builtins__", "'__builtins__'"),
+        ("x = __import__('os')", "'__import__'"),
+        ("x = eval('1')", "eval"),
+        ("x = getattr(1, 'real')", "getattr"),
+        ("f = open", "open"),
+        ("def g():\n    yield 1\nx = g().gi_frame", "gi_frame"),
+        ("x = type(1).mro()", "mro"),
+        ("class A:\n    def __del__(self):\n        pass", "__del__"),
+        ("match 1:\n    case int(__class__=c):\n        pass", "__class__"),
+    ],
+)
+def test_static_check_rejects(source: str, fragment: str) -> None:
+    problems = static_check(source)
+    assert problems and any(fragment in p for p in problems), problems
+    assert all(p.startswith("line ") for p in problems)
+
+
+def test_static_check_accepts_normal_code() -> None:
+    src = (
+        "import re\nfrom collections import Counter\n"
+        "class E(Exception):\n    def __init__(self, m):\n        super().__init__(m)\n"
+        "def check(ev):\n    open_issues = ev.get('open', [])\n"
+        "    if type(ev).__name__ != 'dict':\n        raise E('bad')\n    return len(open_issues)\n"
+        "if __name__ == '__main__':\n    pass\n"
+    )
+    assert static_check(src) == []
+    assert static_check("def check(ev):\n  return (") and "cannot parse" in static_check("def f(:")[0]
+
+
+# ---------------------------------------------------------------------------------
+# Escape probes (static layer on): contained and reported
+# ---------------------------------------------------------------------------------
+
+PROBES_STATIC = {
+    "read_passwd": check_src("return open('/etc/passwd').read()"),
+    "write_tmp": check_src("open('/tmp/sandbox_probe_write', 'w').write('x')\nreturn 1"),
+    "os_system": check_src("import os\nreturn os.system('touch /tmp/sandbox_pwned_static')"),
+    "socket": check_src("import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 1))\nreturn 1"),
+    "subprocess": check_src("import subprocess\nreturn subprocess.check_output(['id']).decode()"),
+    "dunder_import": check_src("return __import__('os').getcwd()"),
+    "subclass_walk": SUBCLASS_WALK % "static",
+    "getattr_builtins": check_src("return getattr(__builtins__, 'open')('/etc/passwd').read()"),
+    "importlib": check_src("import importlib\nreturn importlib.import_module('os').getcwd()"),
+    "ctypes": check_src("import ctypes\nreturn ctypes.CDLL(None).getpid()"),
+    "fork": check_src("import os\nwhile True:\n    os.fork()"),
+    "globals": check_src("return globals()['__builtins__']"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROBES_STATIC))
+def test_static_probes_forbidden(sb: Sandbox, name: str) -> None:
+    res = run(sb, PROBES_STATIC[name])
+    assert res.error_code == "forbidden", res
+    assert res.error and "line" in res.error
+    assert not Path("/tmp/sandbox_probe_write").exists()
+    assert not Path("/tmp/sandbox_pwned_static").exists()
+
+
+def test_static_probes_healthy_after(sb: Sandbox) -> None:
+    assert_healthy(sb)
+
+
+# ---------------------------------------------------------------------------------
+# Runtime layers (static layer off): the same probes must still be contained
+# ---------------------------------------------------------------------------------
+
+PROBES_RUNTIME = {
+    "read_passwd": (check_src("return open('/etc/passwd').read()"), {"exception"}),  # no open builtin
+    "os_system": (check_src("import os\nreturn os.system('touch /tmp/sandbox_pwned_rt')"), {"forbidden"}),
+    "socket": (check_src("import socket\nreturn 1"), {"forbidden"}),
+    "dunder_import": (check_src("return __import__('subprocess')"), {"forbidden"}),
+    "importlib": (check_src("import importlib\nreturn 1"), {"forbidden"}),
+    "ctypes": (check_src("import ctypes\nreturn 1"), {"forbidden"}),
+    "getattr": (check_src("return getattr(ev, 'keys')"), {"exception"}),  # NameError
+    "subclass_walk_system": (SUBCLASS_WALK % "rt", {"forbidden"}),
+    "walk_fork": (SUBCLASS_WALK.replace("return g['system']('touch /tmp/sandbox_pwned_%s')", "return g['fork']()"), {"forbidden"}),
+    "walk_popen": (
+        "def check(ev):\n    for c in ().__class__.__bases__[0].__subclasses__():\n"
+        "        if c.__name__ == 'Popen':\n            return c(['id']).wait()\n    return 'none'\n",
+        {"forbidden"},
+    ),
+    "walk_fileio_write": (
+        "def check(ev):\n    todo = [().__class__.__bases__[0]]\n    while todo:\n        c = todo.pop()\n"
+        "        if c.__name__ == 'FileIO':\n            return c('/tmp/sandbox_probe_write_rt', 'w').write(b'x')\n"
+        "        todo.extend(type.__subclasses__(c))\n    return 'none'\n",
+        {"forbidden"},
+    ),
+    "frame_walk": (
+        "def check(ev):\n    def g():\n        yield 1\n    gen = g()\n    return str(gen.gi_frame.f_back)\n",
+        {"forbidden"},
+    ),
+    "traceback_frame": (
+        "def check(ev):\n    try:\n        1/0\n    except Exception as e:\n        return str(e.__traceback__.tb_frame.f_back.f_globals)\n",
+        {"forbidden"},
+    ),
+    "swallowed_violation": (check_src("try:\n    import os\nexcept BaseException:\n    pass\nreturn 'survived'"), {"forbidden"}),
+    "function_code_swap": (check_src("f = lambda: 1\nf.__code__ = (lambda: 2).__code__\nreturn f()"), {"forbidden"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROBES_RUNTIME))
+def test_runtime_probes_contained(raw: Sandbox, name: str) -> None:
+    source, codes = PROBES_RUNTIME[name]
+    res = run(raw, source)
+    assert not res.ok and res.error_code in codes, res
+    assert not Path("/tmp/sandbox_pwned_rt").exists()
+    assert not Path("/tmp/sandbox_probe_write_rt").exists()
+
+
+def test_runtime_probes_healthy_after(raw: Sandbox) -> None:
+    assert_healthy(raw)
+
+
+def test_socket_connect_never_arrives(raw: Sandbox) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.3)
+    port = server.getsockname()[1]
+    walk = (
+        "def check(ev):\n    for cls in ().__class__.__bases__[0].__subclasses__():\n"
+        "        if cls.__name__ == '_wrap_close':\n            g = cls.__init__.__globals__\n"
+        "            {body}\n    return 'none'\n"
+    )
+    probes = {
+        # the socket module is not even loaded in the worker; importing it needs a real import
+        "import": walk.format(body=f"return str(g['__builtins__']['__import__']('_socket').socket().connect(('127.0.0.1', {port})))"),
+        "loaded": walk.format(body=f"return str(g['sys'].modules['_socket'].socket().connect(('127.0.0.1', {port})))"),
+    }
+    results = raw.evaluate(probes, [(k, {}) for k in probes])
+    assert results[0].error_code == "forbidden", results
+    assert not results[1].ok, results
+    with pytest.raises(OSError):  # socket.timeout is an OSError: nothing connected
+        server.accept()
+    server.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import operator\nreturn operator.attrgetter('__' + 'class__')(ev)",
+        "import operator\nreturn operator.attrgetter('x.' + '__class__.__bases__')(ev)",
+        "import operator\nreturn operator.methodcaller('__' + 'subclasses__')(object)",
+        "import operator\ndef g():\n    yield 1\nreturn str(operator.attrgetter('gi_' + 'frame')(g()))",
+        "return hasattr(ev, '__' + 'class__')",
+    ],
+)
+def test_string_built_attribute_names_blocked_at_runtime(sb: Sandbox, body: str) -> None:
+    src = check_src(body)
+    assert static_check(src) == []  # nothing visible statically...
+    res = run(sb, src)
+    assert res.error_code == "forbidden", res  # ...but refused at runtime
+
+
+def test_shared_stdlib_cannot_be_monkeypatched(sb: Sandbox) -> None:
+    sources = {
+        "patch_class": check_src("import json\njson.JSONDecoder.decode = lambda *a, **k: 'pwned'\nreturn 1"),
+        "patch_module": check_src("import math\nmath.pi = 3\nreturn 1"),
+        "patch_counter": check_src("import collections\ncollections.Counter.most_common = None\nreturn 1"),
+        "use": check_src("import json, math, collections\nreturn [json.loads('[1]'), math.pi > 3.14, collections.Counter('aab').most_common(1)]"),
+    }
+    results = sb.evaluate(sources, [("patch_class", {}), ("patch_module", {}), ("patch_counter", {}), ("use", {})])
+    assert [r.error_code for r in results[:3]] == ["exception"] * 3, results
+    assert results[3].ok and results[3].value == [[1], True, [["a", 2]]], results[3]
+
+
+# ---------------------------------------------------------------------------------
+# Time, memory, output
+# ---------------------------------------------------------------------------------
+
+
+def test_infinite_loop_times_out(sb: Sandbox) -> None:
+    res = run(sb, check_src("while True:\n    pass"))
+    assert res.error_code == "timeout" and res.seconds < 2.0, res
+    assert_healthy(sb)
+
+
+def test_timeout_cannot_be_swallowed(sb: Sandbox) -> None:
+    res = run(sb, check_src("while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"))
+    assert res.error_code == "timeout", res
+    assert_healthy(sb)
+
+
+def test_c_level_hang_killed_by_backstop(sb: Sandbox) -> None:
+    t0 = time.monotonic()
+    results = sb.evaluate({"hang": check_src("return 10**10**8"), "good": GOOD}, [("good", {"xs": [1]}), ("hang", {}), ("good", {"xs": [1, 2]})])
+    assert time.monotonic() - t0 < 10
+    assert results[1].error_code == "timeout", results[1]
+    assert results[0].ok and results[0].value["n"] == 1
+    assert results[2].ok and results[2].value["n"] == 2
+
+
+def test_huge_power_contained(sb: Sandbox) -> None:
+    res = run(sb, check_src("return 10**10**9"))
+    assert res.error_code in {"timeout", "memory"}, res
+    assert_healthy(sb)
+
+
+def test_cpu_rlimit_backstop() -> None:
+    with Sandbox(limits=SandboxLimits(cpu_seconds=1.0, call_timeout_s=30.0)) as box:
+        t0 = time.monotonic()
+        res = run(box, check_src("while True:\n    pass"))
+        assert res.error_code == "timeout" and "CPU" in (res.error or ""), res
+        assert time.monotonic() - t0 < 30  # RLIMIT_CPU has 1 s granularity; CPU may be throttled
+        assert_healthy(box)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return len('x' * 10**10)",
+        "xs = []\nwhile True:\n    xs.append(bytearray(10**7))",
+        "return len([0] * 10**9)",
+    ],
+)
+def test_memory_bombs(body: str) -> None:
+    # Filling 512 MB takes a moment; give the call time to hit the memory limit.
+    with Sandbox(limits=SandboxLimits(call_timeout_s=5.0, memory_mb=512)) as box:
+        res = run(box, check_src(body))
+        assert res.error_code == "memory", res
+        assert_healthy(box)
+
+
+def test_recursion_bomb(sb: Sandbox) -> None:
+    res = run(sb, "def f(n):\n    return f(n + 1)\n\ndef check(ev):\n    return f(0)\n")
+    assert res.error_code == "exception" and "RecursionError" in (res.error or ""), res
+    assert_healthy(sb)
+
+
+def test_huge_return_value(sb: Sandbox) -> None:
+    for body in ("return 'x' * 10**6", "return list(range(10**6))", "return {'k': ['y' * 100] * 1000}"):
+        res = run(sb, check_src(body))
+        assert res.error_code == "output_too_large", (body, res)
+    assert_healthy(sb)
+
+
+def test_huge_print_output_discarded(sb: Sandbox) -> None:
+    res = run(sb, check_src("for i in range(10**5):\n    print('x' * 1000)\nreturn 'done'"))
+    assert res.ok and res.value == "done", res
+
+
+def test_exceptions_report_type_message_and_line(sb: Sandbox) -> None:
+    src = "def helper(d):\n    return d['missing']\n\ndef check(ev):\n    x = 1\n    return helper(ev)\n"
+    res = run(sb, src)
+    assert res.error_code == "exception" and res.error == "KeyError: 'missing' (line 2)", res
+    res = run(sb, check_src("import json\nreturn json.loads('{bad')"))
+    assert res.error_code == "exception" and res.error.startswith("JSONDecodeError") and "(line 3)" in res.error, res
+
+
+@pytest.mark.parametrize("body", ["return {1, 2}", "return object()", "return float('nan')", "return {'a': b'bytes'}", "x = []\nx.append(x)\nreturn x"])
+def test_non_json_return(sb: Sandbox, body: str) -> None:
+    assert run(sb, check_src(body)).error_code == "bad_return"
+
+
+def test_json_canonicalisation(sb: Sandbox) -> None:
+    res = run(sb, check_src("return {'t': (1, 2), 1: True, 'f': 0.5, 'n': None}"))
+    assert res.ok and res.value == {"t": [1, 2], "1": True, "f": 0.5, "n": None}
+
+
+def test_missing_entry_and_compile_error(sb: Sandbox) -> None:
+    assert run(sb, "def other(ev):\n    return 1\n").error_code == "missing_entry"
+    assert run(sb, "check = 5\n").error_code == "missing_entry"
+    res = run(sb, "def check(ev):\n    return (\n")
+    assert res.error_code == "compile_error" and "line" in (res.error or "")
+    assert run(sb, "def check(ev):\n    return 1\nreturn 2\n").error_code == "compile_error"
+
+
+# ---------------------------------------------------------------------------------
+# Worker death and protocol robustness
+# ---------------------------------------------------------------------------------
+
+
+def test_sigkill_between_batches(sb: Sandbox) -> None:
+    pid = sb.isolation()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.05)
+    assert_healthy(sb)
+    assert sb.isolation()["pid"] != pid
+
+
+def test_sigkill_mid_batch() -> None:
+    with Sandbox(limits=SandboxLimits(call_timeout_s=5.0)) as box:
+        pid = box.isolation()["pid"]
+        slow = check_src("n = 0\nfor i in range(30_000_000):\n    n += i\nreturn n")
+        killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        results = box.evaluate({"good": GOOD, "slow": slow}, [("good", {"xs": [1]}), ("slow", {}), ("good", {"xs": [1, 2]})])
+        killer.join()
+        assert results[1].error_code == "crash" and "SIGKILL" in (results[1].error or ""), results[1]
+        assert results[0].ok and results[2].ok and results[2].value["n"] == 2
+        assert_healthy(box)
+
+
+def test_garbage_on_pipe(raw: Sandbox) -> None:
+    # An escaped probe writes junk to every fd it can; the parent must not hang,
+    # crash or trust it, and must recover.
+    src = (
+        "def check(ev):\n    os = print.__globals__['os']\n    for fd in range(1, 1024):\n"
+        "        try:\n            os.write(fd, b'\\xff' * 64)\n        except Exception:\n            pass\n    return 1\n"
+    )
+    results = raw.evaluate({"junk": src, "good": GOOD}, [("good", {}), ("junk", {})])
+    assert all(r.error_code == "crash" for r in results), results
+    assert_healthy(raw)
+
+
+def test_many_workers_split_batches() -> None:
+    with Sandbox(workers=2, limits=LIMITS) as box:
+        args = [{"xs": list(range(i))} for i in range(40)]
+        results = box.evaluate({"g": GOOD}, [("g", a) for a in args])
+        assert [r.value["n"] for r in results] == list(range(40))
+
+
+def test_close_is_idempotent_and_final() -> None:
+    box = Sandbox(limits=LIMITS)
+    assert_healthy(box)
+    box.close()
+    box.close()
+    with pytest.raises(RuntimeError):
+        box.evaluate({"g": GOOD}, [("g", {})])
+
+
+def test_hostile_exception_objects(sb: Sandbox) -> None:
+    src = (
+        "class S(str):\n    def __getitem__(self, k):\n        while True:\n            pass\n"
+        "class E(Exception):\n    def __str__(self):\n        return S('x')\n"
+        "class L(Exception):\n    def __str__(self):\n        while True:\n            pass\n"
+        "def check(ev):\n    raise (E if ev['k'] == 'e' else L)()\n"
+    )
+    results = sb.evaluate({"s": src}, [("s", {"k": "e"}), ("s", {"k": "l"})])
+    assert results[0].error_code == "exception" and "unprintable" in (results[0].error or ""), results[0]
+    assert results[1].error_code == "timeout", results[1]
+    assert_healthy(sb)

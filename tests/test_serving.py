@@ -1,0 +1,210 @@
+"""OpenAI-compatible server: protocol with a stub agent, and one end-to-end run with the SFT-trained student."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from cowork_pipeline.agents.base import assistant_message, tool_call
+from cowork_pipeline.serving.server import make_app
+
+MAIL_SEND = {"type": "function", "function": {
+    "name": "mail_send", "description": "Send an email.",
+    "parameters": {"type": "object", "properties": {
+        "to": {"type": "array", "items": {"type": "string"}}, "subject": {"type": "string"}, "body": {"type": "string"}},
+        "required": ["to", "subject", "body"]}}}
+SYSTEM = "You are a coworker agent."
+ARGS = {"to": ["team@example.com"], "subject": "Update", "body": "Status update."}
+
+
+class StubAgent:
+    """Deterministic: calls the first tool when there are tools, else echoes the last user message."""
+
+    name = "stub"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[list[dict], list[dict]]] = []
+
+    def act(self, messages: Sequence[dict], tools: Sequence[dict]) -> dict:
+        self.seen.append((list(messages), list(tools)))
+        if tools and messages[-1]["role"] != "tool":
+            return assistant_message(None, [tool_call("call_0", tools[0]["function"]["name"], ARGS)])
+        return assistant_message("echo: " + str(messages[-1].get("content")))
+
+
+@contextmanager
+def running(app: Any) -> Iterator[str]:
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound before the server starts: no free-port race
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started:
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def client(base: str):
+    from openai import OpenAI
+
+    return OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def stub_server() -> Iterator[tuple[str, StubAgent]]:
+    agent = StubAgent()
+    with running(make_app(agent)) as base:
+        yield base, agent
+
+
+def _post(url: str, data: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_tool_call_round_trip_with_openai_client(stub_server):
+    base, agent = stub_server
+    resp = client(base).chat.completions.create(
+        model="stub",
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Update the team."}],
+        tools=[MAIL_SEND],
+        temperature=0,
+        max_tokens=64,
+    )
+    assert resp.object == "chat.completion"
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.id == "call_0" and call.type == "function" and call.function.name == "mail_send"
+    assert json.loads(call.function.arguments) == ARGS
+
+    # Feed the tool result back (tool role message) and get a final answer.
+    follow = client(base).chat.completions.create(
+        model="stub",
+        messages=[
+            {"role": "user", "content": "Update the team."},
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"status": "sent"}'},
+        ],
+        tools=[MAIL_SEND],
+    )
+    assert follow.choices[0].finish_reason == "stop"
+    assert follow.choices[0].message.content == 'echo: {"status": "sent"}'
+    assert follow.choices[0].message.tool_calls is None
+    sent_messages, sent_tools = agent.seen[-1]
+    assert sent_messages[1]["tool_calls"][0]["function"]["name"] == "mail_send" and sent_tools == [MAIL_SEND]
+
+
+def test_models_endpoint(stub_server):
+    base, _ = stub_server
+    models = client(base).models.list()
+    assert [m.id for m in models.data] == ["stub"]
+
+
+@pytest.mark.parametrize(
+    "payload, param",
+    [
+        (b"{not json", None),
+        (json.dumps({"model": "stub", "messages": []}).encode(), "messages"),
+        (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages[0]"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}).encode(), "tools[0]"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), "temperature"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), "max_tokens"),
+        (json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), "messages[0].tool_call_id"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode(), "stream"),
+    ],
+)
+def test_bad_requests_get_openai_style_400(stub_server, payload, param):
+    base, _ = stub_server
+    status, body = _post(base + "/v1/chat/completions", payload)
+    assert status == 400
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
+    assert body["error"]["param"] == param
+
+
+def test_openai_client_raises_bad_request(stub_server):
+    import openai
+
+    base, _ = stub_server
+    with pytest.raises(openai.BadRequestError):
+        client(base).chat.completions.create(model="stub", messages=[])
+
+
+def test_unknown_route_is_json_404(stub_server):
+    base, _ = stub_server
+    status, body = _post(base + "/v1/nope", b"{}")
+    assert status == 404 and "error" in body
+
+
+# --- the real student ---------------------------------------------------------------------------------------
+def _demos(n: int = 12) -> list[dict]:
+    call = {"id": "call_0", "type": "function", "function": {"name": "mail_send", "arguments": json.dumps(ARGS)}}
+    return [{"tools": [MAIL_SEND], "messages": [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Please send the team an update."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "mail_send", "content": '{"status": "sent"}'},
+        {"role": "assistant", "content": "Sent."}]} for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def student_checkpoint(tmp_path_factory):
+    from cowork_pipeline.agents.chat_format import render_conversation
+    from cowork_pipeline.training.sft import SFTSettings, train_sft
+    from cowork_pipeline.training.student import StudentConfig, build_student
+
+    demos = _demos()
+    base = build_student([render_conversation(d["messages"], d["tools"]) for d in demos],
+                         tmp_path_factory.mktemp("serve_student"),
+                         StudentConfig(vocab_size=400, hidden_size=64, intermediate_size=128, num_layers=2,
+                                       num_heads=2, num_kv_heads=1, max_position_embeddings=1024))
+    result = train_sft(base, demos, tmp_path_factory.mktemp("serve_sft"),
+                       SFTSettings(max_steps=80, lr=3e-3, batch_size=4, max_length=512, device="cpu"))
+    return result.checkpoint
+
+
+def test_real_student_served(student_checkpoint):
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64)
+    with running(make_app(agent)) as base:
+        api = client(base)
+        assert [m.id for m in api.models.list().data] == [agent.name]
+        resp = api.chat.completions.create(
+            model=agent.name,
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Please send the team an update."}],
+            tools=[MAIL_SEND],
+            temperature=0,
+            max_tokens=64,
+        )
+        choice = resp.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert choice.message.tool_calls[0].function.name == "mail_send"
+        assert isinstance(json.loads(choice.message.tool_calls[0].function.arguments), dict)
+        assert resp.usage.prompt_tokens > 0 and resp.usage.completion_tokens > 0
+        # max_tokens is honoured: a 2-token budget cannot finish the turn.
+        short = api.chat.completions.create(
+            model=agent.name, messages=[{"role": "user", "content": "Please send the team an update."}],
+            tools=[MAIL_SEND], max_tokens=2)
+        assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2

@@ -1,0 +1,257 @@
+"""Offline student construction, SFT on demonstrations, and the HF agent on the result."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from cowork_pipeline.agents.chat_format import CHAT_TEMPLATE, MARKUP_TOKENS, CONTROL_TOKENS, render_conversation
+from cowork_pipeline.training.student import CheckpointError, StudentConfig, build_student, check_checkpoint, load_checkpoint
+
+TINY = StudentConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                     num_kv_heads=1, max_position_embeddings=1024, seed=0)
+SYSTEM = "You are a coworker agent."
+MAIL_SEND = {"type": "function", "function": {
+    "name": "mail_send", "description": "Send an email.",
+    "parameters": {"type": "object", "properties": {
+        "to": {"type": "array", "items": {"type": "string"}}, "subject": {"type": "string"},
+        "body": {"type": "string"}, "cc": {"type": "array", "items": {"type": "string"}}},
+        "required": ["to", "subject", "body"]}}}
+CAL = {"type": "function", "function": {
+    "name": "calendar_create_event", "description": "Create a calendar event.",
+    "parameters": {"type": "object", "properties": {
+        "title": {"type": "string"}, "start": {"type": "string"},
+        "priority": {"type": "integer", "enum": [1, 2, 3]}}, "required": ["title", "start"]}}}
+TOOLS = [MAIL_SEND, CAL]
+# One repeated, trivially learnable pattern: every first assistant turn is the same mail_send call.
+FIXED_ARGS = {"to": ["team@example.com"], "subject": "Update", "body": "Status update."}
+NAMES = ["alice", "bob", "carol", "dave", "erin"]
+
+
+def demonstrations(n: int = 20) -> list[dict]:
+    demos = []
+    for i in range(n):
+        who = NAMES[i % len(NAMES)]
+        demos.append({
+            "tools": TOOLS,
+            "messages": [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Please send the team an update, {who} asked."},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_0", "type": "function",
+                     "function": {"name": "mail_send", "arguments": json.dumps(FIXED_ARGS)}}]},
+                {"role": "tool", "tool_call_id": "call_0", "name": "mail_send", "content": '{"status": "sent"}'},
+                {"role": "assistant", "content": "Sent."},
+            ],
+        })
+    return demos
+
+
+def prompt(who: str = "frank") -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Please send the team an update, {who} asked."}]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return [render_conversation(d["messages"], d["tools"]) for d in demonstrations()]
+
+
+@pytest.fixture(scope="module")
+def student_dir(tmp_path_factory, corpus) -> Path:
+    return build_student(corpus, tmp_path_factory.mktemp("student"), TINY)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    from cowork_pipeline.training.sft import to_sft_dataset
+
+    return to_sft_dataset(demonstrations())
+
+
+@pytest.fixture(scope="module")
+def trained(student_dir, dataset, tmp_path_factory):
+    from cowork_pipeline.training.sft import SFTSettings, train_sft
+
+    logged = []
+    result = train_sft(student_dir, dataset, tmp_path_factory.mktemp("sft"),
+                       SFTSettings(max_steps=150, lr=3e-3, batch_size=4, max_length=512, device="cpu"),
+                       on_log=logged.append)
+    return result, logged
+
+
+# --- student ------------------------------------------------------------------------------------------------
+def test_student_reloads_with_auto_classes(student_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(student_dir)
+    model = AutoModelForCausalLM.from_pretrained(student_dir)
+    assert model.config.model_type == "qwen3"
+    assert model.config.vocab_size >= len(tok) and model.config.vocab_size % 64 == 0
+    assert tok.chat_template == CHAT_TEMPLATE
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    for t in CONTROL_TOKENS + MARKUP_TOKENS:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1 and tok.decode(ids) == t
+    assert model.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id]
+
+
+def test_student_build_is_deterministic(student_dir, corpus, tmp_path):
+    again = build_student(corpus, tmp_path / "again", TINY)
+    for name in ("tokenizer.json", "model.safetensors"):
+        assert hashlib.sha256((again / name).read_bytes()).digest() == hashlib.sha256((student_dir / name).read_bytes()).digest()
+
+
+def test_not_a_model_gives_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match=r"does not exist"):
+        check_checkpoint(tmp_path / "nope")
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(CheckpointError, match=r"not a directory"):
+        check_checkpoint(tmp_path / "file.txt")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(empty)
+    assert str(empty) in str(err.value) and "config.json" in str(err.value) and "weights" in str(err.value)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="LoRA adapter"):
+        check_checkpoint(adapter)
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    with pytest.raises(CheckpointError, match="config.json"):
+        HFAgent(empty)
+
+
+# --- dataset ------------------------------------------------------------------------------------------------
+def test_dataset_shape(dataset, tmp_path):
+    from datasets import Dataset
+
+    assert dataset.column_names == ["messages", "tools"] and len(dataset) == 20
+    assert dataset.features["tools"].dtype == "string"
+    row = dataset[0]
+    assert json.loads(row["tools"]) == TOOLS
+    call = row["messages"][2]["tool_calls"][0]
+    assert isinstance(call["function"]["arguments"], str) and json.loads(call["function"]["arguments"]) == FIXED_ARGS
+    # Parquet round trip keeps the schema (what the Delta/parquet export stores).
+    dataset.to_parquet(str(tmp_path / "d.parquet"))
+    assert Dataset.from_parquet(str(tmp_path / "d.parquet")).features == dataset.features
+
+
+def test_sft_trainer_loads_dataset_as_is(student_dir, dataset, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    from cowork_pipeline.training.sft import SFTSettings, sft_config
+
+    tok = AutoTokenizer.from_pretrained(student_dir)
+    model = AutoModelForCausalLM.from_pretrained(student_dir)
+    trainer = SFTTrainer(model=model, args=sft_config(tmp_path, SFTSettings(max_length=512), "cpu", lora=False),
+                         train_dataset=dataset, processing_class=tok)
+    ex = trainer.train_dataset[0]
+    trained_ids = [i for i, lab in zip(ex["input_ids"], ex["labels"]) if lab != -100]
+    text = tok.decode(trained_ids, skip_special_tokens=False)
+    # Only assistant turns (tool call + final answer, each with its <|im_end|>) carry loss.
+    assert text == ('<tool_call>{"name": "mail_send", "arguments": {"body": "Status update.", "subject": "Update", '
+                    '"to": ["team@example.com"]}}</tool_call><|im_end|>Sent.<|im_end|>')
+    assert "mail_send(to: array[string]" in tok.decode(ex["input_ids"])  # tools came through the JSON column
+
+
+# --- SFT + agent --------------------------------------------------------------------------------------------
+def test_sft_lowers_loss(trained):
+    result, logged = trained
+    assert result.steps == 150 and result.device == "cpu" and result.lora is False
+    assert logged == result.loss_curve and {"step", "loss", "epoch"} <= set(result.loss_curve[0])
+    first, last = result.loss_curve[0]["loss"], result.loss_curve[-1]["loss"]
+    assert last < 0.3 * first, (first, last)
+    assert result.train_tokens > 0 and result.tokens_per_second > 0
+    assert not (result.checkpoint / "_trainer").exists()
+    assert (result.checkpoint / "cowork_student.json").is_file()  # full fine-tune stays a student
+
+
+def test_trained_student_emits_the_learned_tool_call(trained):
+    from cowork_pipeline.agents.base import BatchAgent
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=64)
+    assert isinstance(agent, BatchAgent)
+    # A prompt from the training distribution: the claim is "learns the pattern", not "generalises from 20 demos".
+    msg = agent.act(prompt("alice"), TOOLS)
+    assert "parse_error" not in msg, msg
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["mail_send"]
+    assert isinstance(json.loads(msg["tool_calls"][0]["function"]["arguments"]), dict)
+    # After the tool result it closes the task with plain text; call ids continue past earlier calls.
+    follow = prompt("alice") + [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "name": "mail_send",
+                               "content": '{"status": "sent"}'}]
+    out = agent.act(follow, TOOLS)
+    assert "parse_error" not in out and out["content"] == "Sent." and "tool_calls" not in out
+
+
+def test_batched_generation_matches_single(trained):
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=48)
+    convs = [(prompt("x" * k), TOOLS) for k in (1, 7, 30)] + [(prompt()[1:], [])]
+    batched = agent.generate(convs)
+    for conv, b in zip(convs, batched):
+        single = agent.generate([conv])[0]
+        assert single.completion_ids == b.completion_ids
+        assert single.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert [m for m in agent.act_batch(convs)] == [g.message for g in batched]
+
+
+def test_sample_with_logprobs(trained):
+    import torch
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=48)
+    convs = [(prompt(), TOOLS), (prompt("bob"), TOOLS)]
+    samples = agent.sample_with_logprobs(convs, temperature=1.0, seed=7)
+    again = agent.sample_with_logprobs(convs, temperature=1.0, seed=7)
+    assert [s.completion_ids for s in samples] == [s.completion_ids for s in again]  # seeded
+    for s in samples:
+        assert len(s.logprobs) == len(s.completion_ids) == len(s.sampling_logprobs) > 0
+        assert all(lp <= 0 for lp in s.logprobs)
+        assert s.logprobs == pytest.approx(s.sampling_logprobs, abs=1e-4)  # T=1, top_p=1: same distribution
+        # Recompute with a plain forward pass: stored log-probs are the model's raw distribution.
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(agent.model(ids).logits.float(), -1)[0]
+        n = len(s.prompt_ids)
+        ref = [logp[n - 1 + i, t].item() for i, t in enumerate(s.completion_ids)]
+        assert s.logprobs == pytest.approx(ref, abs=1e-3)
+
+
+def test_context_policy(trained):
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=16, max_context_tokens=160)
+    history = prompt()
+    for i in range(6):
+        history += [{"role": "assistant", "content": f"Working on step {i} of the request."},
+                    {"role": "user", "content": f"Continue with step {i + 1} please."}]
+    ids = agent.encode_prompt(history, [])
+    assert ids is not None and len(ids) <= 160 - 16
+    text = agent.tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\n" + SYSTEM) and "step 6 please" in text and "step 0 of" not in text
+    # The tools block alone exceeds the budget: a failed step, not an exception.
+    tiny = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=16, max_context_tokens=40)
+    msg = tiny.act(prompt(), TOOLS)
+    assert msg["parse_error"].startswith("context_overflow")
+
+
+def test_lora_path_saves_a_merged_plain_checkpoint(student_dir, dataset, tmp_path):
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.sft import SFTSettings, train_sft
+
+    result = train_sft(student_dir, dataset.select(range(4)), tmp_path / "lora",
+                       SFTSettings(max_steps=2, batch_size=2, max_length=512, lora=True, lora_r=4, device="cpu"))
+    assert result.lora is True
+    assert not (result.checkpoint / "adapter_config.json").exists()
+    assert not (result.checkpoint / "cowork_student.json").exists()
+    msg = HFAgent(result.checkpoint, device="cpu", max_new_tokens=4).act(prompt(), TOOLS)
+    assert msg["role"] == "assistant"  # loads and generates (content is random-ish after 2 LoRA steps)
