@@ -1,6 +1,6 @@
 """SFT throughput: our CPU SFTConfig vs TRL SFTTrainer defaults, same model, data and batch size.
 
-    .venv/bin/python benchmarks/bench_sft.py [--checkpoint DIR] [--steps 8] [--batch 8]
+    .venv/bin/python benchmarks/bench_sft.py [--checkpoint DIR] [--steps 4] [--batch 8]
 
 Both runs use ``SFTTrainer`` on the same ``to_sft_dataset`` data from the same initial weights. Held equal
 in both (so only the performance-relevant defaults differ): batch size, max_steps, assistant-only loss,
@@ -51,7 +51,7 @@ def demonstrations(n: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", type=Path)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2, help="runs per config, alternating; best is reported")
     args = ap.parse_args()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from cowork_pipeline.services import REGISTRY, SERVICES
 
@@ -72,18 +72,18 @@ class Capability(BaseModel):
 
     @field_validator("tools")
     @classmethod
-    def _known_tools(cls, v: list[str]) -> list[str]:
+    def _known_tools(cls, v: list[str], info: ValidationInfo) -> list[str]:
         bad = [t for t in v if t not in REGISTRY or REGISTRY[t].hidden]
         if bad:
             raise ValueError(f"unknown tool(s) {bad}")
+        # A field validator (not a model validator) so the error's location is ``tools`` and the
+        # message carries the line of the ``tools`` field, not line 1 / "(root)".
+        services = info.data.get("services")
+        if services is not None:  # absent when 'services' itself failed (that error is reported)
+            stray = [t for t in v if REGISTRY[t].service not in services]
+            if stray:
+                raise ValueError(f"tools {stray} belong to services not listed in 'services' {services}")
         return v
-
-    @model_validator(mode="after")
-    def _tools_in_services(self) -> "Capability":
-        stray = [t for t in self.tools if REGISTRY[t].service not in self.services]
-        if stray:
-            raise ValueError(f"tools {stray} belong to services not listed in 'services' {self.services}")
-        return self
 
     def fingerprint(self) -> str:
         """Content hash: a changed capability file changes every artifact derived from it."""
@@ -94,7 +94,7 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     """Best-effort line number of a pydantic error location in the YAML source."""
     try:
         node = yaml.compose(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return None
     for part in loc:
         if node is None:
@@ -111,6 +111,31 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     return node.start_mark.line + 1 if node is not None else None
 
 
+def _bad_scalar_line(text: str) -> int | None:
+    """The line of the first scalar PyYAML cannot construct (an explicitly tagged bad value)."""
+    try:
+        root = yaml.compose(text)
+    except (yaml.YAMLError, RecursionError):
+        return None
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:  # aliases may make the node graph cyclic
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                yaml.constructor.SafeConstructor().construct_object(node)
+            except Exception:  # noqa: BLE001 - this is the value that broke the document
+                return node.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in reversed(node.value):
+                stack.extend([v, k])
+    return None
+
+
 def parse_capability(text: str, source: str = "<string>") -> Capability:
     try:
         data = yaml.safe_load(text)
@@ -118,6 +143,11 @@ def parse_capability(text: str, source: str = "<string>") -> Capability:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         raise CapabilityError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    except RecursionError:  # PyYAML composes recursively: ~500 nested '[' exhaust the stack
+        raise CapabilityError(f"{source}:1: invalid YAML: nesting too deep") from None
+    except Exception as e:  # noqa: BLE001 - PyYAML's constructors raise bare ValueError/IndexError/... ('!!int', '!!float .')
+        line = _bad_scalar_line(text)
+        raise CapabilityError(f"{source}:{line or '?'}: invalid YAML value: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict):
         raise CapabilityError(f"{source}:1: a capability file must be a mapping, got {type(data).__name__}")
     try:
@@ -136,7 +166,7 @@ def load_capability(path: str | Path) -> Capability:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:  # a missing/unreadable file, or one that is not UTF-8 text
         raise CapabilityError(f"{p}: cannot read capability file: {e}") from None
     cap = parse_capability(text, str(p))
     if cap.id != p.stem:

@@ -158,6 +158,20 @@ def test_round_trip_through_template_and_parser():
         n_calls += len(got)
 
 
+def test_tokenizer_paths_render_the_same_text(tokenizer):
+    from cowork_pipeline.agents.chat_format import render_prompt
+
+    via_tokenizer = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, chat_template=CHAT_TEMPLATE, tokenize=False)
+    assert via_tokenizer == render_conversation(CONVERSATION, TOOLS)
+    # render_prompt ignores whatever template the tokenizer carries: rollouts always use CHAT_TEMPLATE.
+    tokenizer.chat_template = "{{ 'foreign template' }}"
+    try:
+        assert render_prompt(tokenizer, CONVERSATION[:2], TOOLS) == render_conversation(
+            CONVERSATION[:2], TOOLS, add_generation_prompt=True)
+    finally:
+        tokenizer.chat_template = CHAT_TEMPLATE
+
+
 def test_generation_prompt_is_a_prefix_of_the_training_text(tokenizer):
     for k, message in enumerate(CONVERSATION):
         if message["role"] != "assistant":

@@ -564,3 +564,9 @@ def test_hostile_exception_objects(sb: Sandbox) -> None:
     assert results[0].error_code == "exception" and "unprintable" in (results[0].error or ""), results[0]
     assert results[1].error_code == "timeout", results[1]
     assert_healthy(sb)
+
+
+def test_decimal_context_reset_between_calls(sb: Sandbox) -> None:
+    src = check_src("import decimal\nprec = decimal.getcontext().prec\ndecimal.getcontext().prec = 3\nreturn prec")
+    results = sb.evaluate({"s": src}, [("s", {})] * 3)
+    assert [r.value for r in results] == [28, 28, 28]

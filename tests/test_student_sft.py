@@ -194,13 +194,16 @@ def test_batched_generation_matches_single(trained):
     from cowork_pipeline.agents.hf_agent import HFAgent
 
     agent = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=48)
-    convs = [(prompt("x" * k), TOOLS) for k in (1, 7, 30)] + [(prompt()[1:], [])]
-    batched = agent.generate(convs)
-    for conv, b in zip(convs, batched):
-        single = agent.generate([conv])[0]
-        assert single.completion_ids == b.completion_ids
-        assert single.logprobs == pytest.approx(b.logprobs, abs=1e-4)
-    assert [m for m in agent.act_batch(convs)] == [g.message for g in batched]
+    shared = [(prompt("x" * k), TOOLS) for k in (1, 7, 30)]  # same system+tools prefix: prefilled once, shared
+    mixed = shared + [(prompt()[1:], [])]  # nothing in common: plain left-padded batch
+    for convs in (shared, mixed):
+        batched = agent.generate(convs)
+        for conv, b in zip(convs, batched):
+            single = agent.generate([conv])[0]
+            assert single.prompt_ids == b.prompt_ids
+            assert single.completion_ids == b.completion_ids
+            assert single.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert agent.act_batch(convs) == [g.message for g in batched]
 
 
 def test_sample_with_logprobs(trained):
@@ -238,6 +241,13 @@ def test_context_policy(trained):
     assert ids is not None and len(ids) <= 160 - 16
     text = agent.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system\n" + SYSTEM) and "step 6 please" in text and "step 0 of" not in text
+    assert "frank asked" in text  # the task statement stays pinned after the system block
+    # History ending in tool results: a result is never kept without the call that produced it.
+    call = {"id": "call_9", "type": "function", "function": {"name": "mail_send", "arguments": "{}"}}
+    history += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_9", "name": "mail_send", "content": "ok " * 20}]
+    text = agent.tokenizer.decode(agent.encode_prompt(history, []))
+    assert text.count("<tool_response>") == 1 and "<tool_call>" in text
     # The tools block alone exceeds the budget: a failed step, not an exception.
     tiny = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=16, max_context_tokens=40)
     msg = tiny.act(prompt(), TOOLS)

@@ -38,8 +38,6 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from transformers.utils.chat_template_utils import render_jinja_template
-
 Message = dict[str, Any]
 ToolSchema = dict[str, Any]
 
@@ -171,6 +169,8 @@ def render_tools(tools: Sequence[ToolSchema] | None) -> str:
     """The compact tools block body (one line per tool), exactly as ``CHAT_TEMPLATE`` embeds it."""
     if not tools:
         return ""
+    from transformers.utils.chat_template_utils import render_jinja_template  # lazy: parsing needs no transformers
+
     rendered, _ = render_jinja_template(conversations=[[]], tools=list(tools), chat_template=_RENDER_TOOLS_TEMPLATE)
     return rendered[0]
 
@@ -217,7 +217,10 @@ def render_conversation(
     tools: Sequence[ToolSchema] | None = None,
     add_generation_prompt: bool = False,
 ) -> str:
-    """Render without a tokenizer (e.g. to build a tokenizer-training corpus)."""
+    """Render without a tokenizer (e.g. to build a tokenizer-training corpus), in transformers' own Jinja
+    environment, so the text equals ``tokenizer.apply_chat_template(..., tokenize=False)``."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
     rendered, _ = render_jinja_template(
         conversations=[_drop_none(normalize_messages(messages))],
         tools=list(tools) if tools else None,

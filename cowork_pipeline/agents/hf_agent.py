@@ -1,15 +1,18 @@
 """Local Hugging Face model backend (the student, or any causal-LM checkpoint directory).
 
 Generation is a custom batched decode loop: prompts are left-padded into one batch, prefilled once, then decoded
-one token per step for the whole batch against a shared ``DynamicCache`` (KV-cached). Finished rows are dropped
+one token per step for the whole batch against a shared ``DynamicCache`` (KV-cached). The prompt prefix common to
+the whole batch (in rollouts: the system block with the tools list, most of every prompt) is prefilled once and
+its KV copied to every row instead of being recomputed per row. Finished rows are dropped
 from the batch (and the cache) as soon as half of them are done, so a long straggler does not keep paying for the
 rest. Each sequence stops at ``<|im_end|>`` (or ``<|endoftext|>`` / the checkpoint's eos ids).
 
 Context policy (``max_context_tokens``, default the model's ``max_position_embeddings``): a prompt must leave room
-for ``max_new_tokens``. If it does not, whole messages are dropped from the left, oldest first, always keeping the
-first system message (it carries the tools block) and never starting the kept history on an orphan tool result.
-If even the system block plus the last message does not fit, no generation happens and the step fails: the
-message carries ``parse_error = "context_overflow: ..."`` (the runner turns it into a failed step).
+for ``max_new_tokens``. If it does not, history is truncated from the left in whole units (a message plus the tool
+results that answer it, so no orphan tool results), oldest first, always keeping the first system message (it
+carries the tools block) and, if at all possible, the first user message (the task). The latest unit is always
+kept. If even system block + latest unit does not fit, nothing is generated and the step fails: the message
+carries ``parse_error = "context_overflow: ..."`` (the runner turns it into a failed step).
 
 Prompts are rendered with ``chat_format.render_prompt`` (always ``CHAT_TEMPLATE``), exactly as SFT data is.
 """
@@ -46,7 +49,9 @@ class Sample:
     ``logprobs[i]`` is log p(completion_ids[i]) under the model's *raw* distribution (temperature 1, no top-p):
     the quantity a policy-gradient trainer recomputes for the current policy, so ratios are consistent.
     ``sampling_logprobs[i]`` is the same token's log-prob under the distribution actually sampled from
-    (temperature / top-p applied), for off-policy corrections when sampling with temperature != 1.
+    (temperature / top-p applied), for off-policy corrections when sampling with temperature != 1; with
+    temperature 0 (greedy) it is 0.0 for every token. A stop token that ended the turn is included, with its
+    log-probs, as the last completion id.
     """
 
     message: Message
@@ -55,6 +60,28 @@ class Sample:
     logprobs: list[float]
     sampling_logprobs: list[float]
     finish_reason: str
+
+
+def _blocks(messages: Sequence[Message]) -> list[list[Message]]:
+    """Split history into droppable units: a non-tool message plus the tool results that follow it, so that
+    truncation never keeps a tool result without the assistant call that produced it."""
+    blocks: list[list[Message]] = []
+    for m in messages:
+        if m.get("role") == "tool" and blocks:
+            blocks[-1].append(m)
+        else:
+            blocks.append([m])
+    return blocks
+
+
+def _common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    first = seqs[0]
+    n = min(len(x) for x in seqs)
+    for i in range(n):
+        t = first[i]
+        if any(x[i] != t for x in seqs):
+            return i
+    return n
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -101,6 +128,8 @@ class HFAgent:
         self.top_p = top_p
         self.seed = seed
         self.batch_size = max(1, batch_size)
+        # Below this many shared prompt tokens, a separate prefix prefill is not worth its extra forward call.
+        self.min_shared_prefix = 32
         cfg = self.model.config.get_text_config()
         self.max_context_tokens = int(max_context_tokens or getattr(cfg, "max_position_embeddings", 4096))
 
@@ -141,22 +170,40 @@ class HFAgent:
         ]
 
     # --- Generation -----------------------------------------------------------------------------------------
-    def encode_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> list[int] | None:
+    def encode_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSchema],
+                      max_new_tokens: int | None = None) -> list[int] | None:
         """Prompt token ids after the context policy, or None when even the minimal prompt cannot fit."""
-        budget = self.max_context_tokens - self.max_new_tokens
+        budget = self.max_context_tokens - (self.max_new_tokens if max_new_tokens is None else max_new_tokens)
         msgs = list(messages)
         ids = self._tokenize(msgs, tools)
         if len(ids) <= budget:
             return ids
-        head = msgs[:1] if msgs and msgs[0].get("role") == "system" else []
-        rest = msgs[len(head):]
-        while len(rest) > 1:
-            rest = rest[1:]
-            while len(rest) > 1 and rest[0].get("role") == "tool":  # never keep a result without its call
-                rest = rest[1:]
-            ids = self._tokenize(head + rest, tools)
-            if len(ids) <= budget:
-                return ids
+        system = msgs[:1] if msgs and msgs[0].get("role") == "system" else []
+        task = msgs[len(system):len(system) + 1]
+        task = task if task and task[0].get("role") == "user" else []
+        # Prefer keeping the task statement (first user message) pinned next to the system block; give it up
+        # only if the system block + task + last block cannot fit.
+        for pinned in ([*system, *task], system) if task else (system,):
+            blocks = _blocks(msgs[len(pinned):])
+            if not blocks:
+                continue
+
+            def fitted(k: int) -> list[int] | None:
+                out = self._tokenize(pinned + [m for b in blocks[k:] for m in b], tools)
+                return out if len(out) <= budget else None
+
+            # Dropping more blocks never lengthens the prompt, so binary-search the fewest blocks to drop
+            # (always keeping the last block: the latest message and its tool results).
+            lo, hi = 1, len(blocks) - 1
+            if hi < lo or fitted(hi) is None:
+                continue
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fitted(mid) is not None:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return fitted(lo)
         return None
 
     def _tokenize(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> list[int]:
@@ -182,20 +229,15 @@ class HFAgent:
 
         results: list[Generation | None] = [None] * len(conversations)
         prompts: list[tuple[int, list[int]]] = []
-        saved_max_new = self.max_new_tokens
-        self.max_new_tokens = max_new  # the context budget depends on the requested completion length
-        try:
-            for i, (messages, tools) in enumerate(conversations):
-                ids = self.encode_prompt(messages, tools)
-                if ids is None:
-                    why = (f"context_overflow: system block + last message exceed {self.max_context_tokens} tokens "
-                           f"minus max_new_tokens={max_new}")
-                    msg = {"role": "assistant", "content": "", "parse_error": why}
-                    results[i] = Generation(msg, "", [], [], "context_overflow")
-                else:
-                    prompts.append((i, ids))
-        finally:
-            self.max_new_tokens = saved_max_new
+        for i, (messages, tools) in enumerate(conversations):
+            ids = self.encode_prompt(messages, tools, max_new)
+            if ids is None:
+                why = (f"context_overflow: system block + last message exceed {self.max_context_tokens} tokens "
+                       f"minus max_new_tokens={max_new}")
+                msg = {"role": "assistant", "content": "", "parse_error": why}
+                results[i] = Generation(msg, "", [], [], "context_overflow")
+            else:
+                prompts.append((i, ids))
 
         # Sorting by length groups similar prompts, which minimises left padding inside each batch.
         prompts.sort(key=lambda p: len(p[1]))
@@ -222,16 +264,27 @@ class HFAgent:
 
         dev = self.device
         n = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        # The mask is allocated once for prompt + all new tokens and sliced per step (no per-step concatenation).
-        full_attn = torch.zeros((n, width + max_new), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            full_attn[r, width - len(p):] = 1  # future columns are 1 too; only the [:, :cur] slice is ever read
-        input_ids, full_attn = input_ids.to(dev), full_attn.to(dev)
+        cache = DynamicCache(config=self.model.config)
+        kw = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
+        # Shared prefix (system block + tools, identical across a rollout batch): prefill it once and copy its KV
+        # to every row. Each row keeps at least one own token so that its last-position logits exist.
+        shared = _common_prefix_len(prompts) if n > 1 else 0
+        shared = min(shared, min(len(p) for p in prompts) - 1)
+        if shared < self.min_shared_prefix:
+            shared = 0
+        suffixes = [p[shared:] for p in prompts]
+        sw = max(len(x) for x in suffixes)
+        width = shared + sw
+        # Layout per row: [shared prefix][left padding][own suffix][new tokens]. The mask is allocated once for
+        # the prompt and all new tokens and sliced per step; future columns are 1 but only [:, :cur] is read.
+        full_attn = torch.ones((n, width + max_new), dtype=torch.long)
+        suffix_ids = torch.full((n, sw), self.pad_id, dtype=torch.long)
+        for r, x in enumerate(suffixes):
+            full_attn[r, shared : width - len(x)] = 0
+            suffix_ids[r, sw - len(x):] = torch.tensor(x, dtype=torch.long)
+        full_attn, suffix_ids = full_attn.to(dev), suffix_ids.to(dev)
         attn = full_attn[:, :width]
-        # Left padding: positions count real tokens only, so a padded row sees the same RoPE phases as unpadded.
+        # Positions count real tokens only, so a padded row sees the same RoPE phases as an unpadded one.
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         stop = torch.tensor(self.stop_ids, device=dev)
 
@@ -240,10 +293,12 @@ class HFAgent:
         slps: list[list[float]] = [[] for _ in range(n)]
         stopped = [False] * n
         rows = torch.arange(n, device=dev)  # original index of each live batch row
-        cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                             logits_to_keep=1, **{self._cache_kw: cache})
+            if shared:
+                prefix = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
+                self.model(input_ids=prefix, attention_mask=attn[:1, :shared], position_ids=pos[:1, :shared], **kw)
+                cache.batch_repeat_interleave(n)
+            out = self.model(input_ids=suffix_ids, attention_mask=attn, position_ids=pos[:, shared:], **kw)
             logits = out.logits[:, -1, :].float()
             next_pos = pos[:, -1] + 1
             for step in range(max_new):
@@ -283,8 +338,7 @@ class HFAgent:
                 else:
                     tok = torch.where(live, tok, torch.full_like(tok, self.pad_id))
                 attn = full_attn[:, : width + step + 1]
-                out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                 use_cache=True, **{self._cache_kw: cache})
+                out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], **kw)
                 logits = out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
         return [(comps[r], lps[r], slps[r], stopped[r]) for r in range(n)]

@@ -145,23 +145,21 @@ def ensure_chat_tokens(tokenizer: Any, model: Any) -> list[int]:
     return added
 
 
-class _LossRecorder:
-    """TrainerCallback collecting the loss curve (duck-typed to avoid importing transformers at module import)."""
+def _loss_recorder(curve: list[dict[str, float]], on_log: Callable[[dict[str, float]], None] | None) -> Any:
+    """A TrainerCallback that appends {step, loss, epoch} to ``curve`` (and forwards it to ``on_log``)."""
+    from transformers import TrainerCallback
 
-    def __new__(cls, curve: list[dict[str, float]], on_log: Callable[[dict[str, float]], None] | None) -> Any:
-        from transformers import TrainerCallback
+    class LossRecorder(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
+            if logs and "loss" in logs:
+                entry = {"step": int(state.global_step), "loss": float(logs["loss"]),
+                         "epoch": float(logs.get("epoch", state.epoch or 0.0))}
+                curve.append(entry)
+                if on_log is not None:
+                    on_log(entry)
 
-        class Recorder(TrainerCallback):
-            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                       **kwargs: Any) -> None:
-                if logs and "loss" in logs:
-                    entry = {"step": int(state.global_step), "loss": float(logs["loss"]),
-                             "epoch": float(logs.get("epoch", state.epoch or 0.0))}
-                    curve.append(entry)
-                    if on_log is not None:
-                        on_log(entry)
-
-        return Recorder()
+    return LossRecorder()
 
 
 def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora: bool) -> Any:
@@ -266,7 +264,7 @@ def train_sft(
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[_LossRecorder(curve, on_log)],
+        callbacks=[_loss_recorder(curve, on_log)],
     )
     from transformers.trainer_callback import PrinterCallback
 
@@ -281,12 +279,12 @@ def train_sft(
     trained = trainer.model
     if use_lora:
         trained = trained.merge_and_unload()  # plain checkpoint for HFAgent / the server / vLLM
-    trained = trained.to(torch.float32) if not device.startswith("cuda") else trained
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     eot = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
     gen = trained.generation_config
-    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else ([gen.eos_token_id] if gen.eos_token_id is not None else [])
-    gen.eos_token_id = list(dict.fromkeys([im_end, eot, *eos]))
+    old_eos = gen.eos_token_id
+    old_eos = old_eos if isinstance(old_eos, list) else ([old_eos] if old_eos is not None else [])
+    gen.eos_token_id = list(dict.fromkeys([im_end, eot, *old_eos]))  # generate() stops at end of turn
     gen.pad_token_id = tokenizer.pad_token_id
     trained.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))

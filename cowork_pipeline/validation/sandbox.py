@@ -1001,7 +1001,7 @@ class _Timeout(BaseException):
 class _State:
     """Mutable worker state consulted by the audit hook and signal handler."""
 
-    __slots__ = ("strict", "armed", "timed_out", "violation", "exec_code", "codegen", "introspect")
+    __slots__ = ("strict", "armed", "timed_out", "violation", "exec_code", "codegen", "introspect", "decimal_used")
 
     def __init__(self) -> None:
         self.strict = False  # untrusted code may be on the stack
@@ -1011,6 +1011,7 @@ class _State:
         self.exec_code: object = None  # the one code object exec() may run right now
         self.codegen = False  # inside our namedtuple wrapper
         self.introspect = False  # our own traceback walk
+        self.decimal_used = True  # a checker imported decimal: reset its context
 
 
 class _DiscardWriter:
@@ -1212,6 +1213,8 @@ class _WorkerRuntime:
                 return internal[name]
             if level != 0 or not isinstance(name, str) or name not in proxies:
                 raise violation(f"import of module {name!r} is not allowed")
+            if name == "decimal":
+                st.decimal_used = True
             if fromlist:
                 return proxies[name]
             return proxies[name.partition(".")[0]]
@@ -1586,6 +1589,7 @@ class _WorkerRuntime:
                 rows.append(json.dumps([status, text[:MAX_MESSAGE_CHARS], secs, 0]))
                 if status in ("timeout", "memory", "forbidden", "crash"):
                     self.recycle = True
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
         shared = []
         progress(self.shm, 0, seq, _IDLE, mono())
         if self._tainted(token):
@@ -1615,7 +1619,9 @@ class _WorkerRuntime:
         # are still freed by refcounting.
         self.gc.freeze()
         g: dict[str, Any] = {"__builtins__": dict(self.builtins), "__name__": CHECKER_MODULE_NAME}
-        self.decimal.setcontext(self.pristine_decimal.copy())
+        if st.decimal_used:  # only checker code can change the thread's decimal context
+            self.decimal.setcontext(self.pristine_decimal.copy())
+            st.decimal_used = False
         gc_before = self.gc.get_count()[0]
         st.violation = None
         st.timed_out = False
@@ -1644,8 +1650,7 @@ class _WorkerRuntime:
         except BaseException:  # noqa: BLE001
             pass
         secs = time.perf_counter() - t0
-        st.armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        st.armed = False  # the timer itself is re-armed by the next call / stopped per batch
         st.strict = False
         st.exec_code = None
         if st.violation is not None:

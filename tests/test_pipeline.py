@@ -1,0 +1,158 @@
+"""The Dagster shell on a real instance and real Delta tables: definitions load, write-audit-publish
+holds within and across runs, lineage columns and commit metadata are right, a smoke run works."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from assets._io import check_spec, write_checked
+from assets.definitions import ALL_ASSETS, build_definitions, resources
+from assets.run import ensure_home, run_all
+from cowork_pipeline.lake import LINEAGE_COLUMNS, Lake, Lineage, NotPromoted
+from cowork_pipeline.quality import Expect
+from resources import SMOKE_PROFILE, LakeResource, ProfileResource
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_workspace_definitions_validate():
+    out = subprocess.run([sys.executable, "-m", "dagster", "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Validation successful" in out.stdout + out.stderr
+
+
+def test_every_artifact_is_an_asset_with_a_blocking_check_and_gpu_pool_for_training():
+    defs = build_definitions()
+    graph = defs.resolve_asset_graph()
+    keys = {k.path[-1] for k in graph.get_all_asset_keys()}
+    assert {"capability_specs", "environment_drafts", "validated_environments", "repair_log", "rejected_environments",
+            "environment_splits", "teacher_trajectories", "demonstrations", "sft_checkpoint", "checkpoints", "benchmark_scores"} <= keys
+    checks = {ck.asset_key.path[-1]: ck for a in ALL_ASSETS for ck in a.check_keys}
+    assert {"validated_environments", "environment_splits", "demonstrations"} <= set(checks)
+    for a in ALL_ASSETS:
+        for spec in a.check_specs:
+            assert spec.blocking, spec
+    sft = next(a for a in ALL_ASSETS if dg.AssetKey("sft_checkpoint") in a.keys)
+    assert sft.op.pool == "gpu"
+
+
+# --- write-audit-publish, with the same mechanism the real assets use -------------------------------------
+@dg.asset(check_specs=[check_spec("wap_table", "ids unique")])
+def wap_table(context: dg.AssetExecutionContext, lake: LakeResource, config: dg.PermissiveConfig):
+    ids = config.ids if hasattr(config, "ids") else config.model_dump()["ids"]
+    df = pl.DataFrame({"id": ids, "value": list(range(len(ids)))})
+    lin = Lineage(context.run.run_id, "wap_table", "1", {})
+    mat, check = write_checked(context, lake.lake(), "wap_table", df, lin=lin,
+                               suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "id"})])
+    yield mat
+    yield check
+
+
+@dg.asset(deps=[wap_table])
+def wap_downstream(context: dg.AssetExecutionContext, lake: LakeResource):
+    df, version = lake.lake().read_promoted("wap_table")
+    context.add_output_metadata({"read_version": version, "rows": len(df)})
+    return None
+
+
+def _materialize(instance, lake_res, ids):
+    return dg.materialize([wap_table, wap_downstream], instance=instance, resources={"lake": lake_res},
+                          run_config={"ops": {"wap_table": {"config": {"ids": ids}}}}, raise_on_error=False)
+
+
+def test_failed_check_blocks_downstream_and_never_promotes(tmp_path):
+    instance = dg.DagsterInstance.ephemeral()
+    lake_res = LakeResource(root=str(tmp_path / "lake"))
+    lake = lake_res.lake()
+    good = _materialize(instance, lake_res, ["a", "b", "c"])
+    assert good.success
+    v_good = lake.promoted_version("wap_table")
+    assert v_good == lake.version("wap_table")
+    bad = _materialize(instance, lake_res, ["x", "x", "y"])  # duplicate ids: the blocking check fails
+    checks = bad.get_asset_check_evaluations()
+    assert checks and not checks[0].passed
+    assert "duplicate" in checks[0].metadata["summary"].value
+    failures = checks[0].metadata["failures"].value
+    assert failures and failures[0]["sample_rows"], "failing expectations carry sample rows"
+    # the bad rows were written (audit trail) but not promoted: readers still see the good version
+    assert lake.version("wap_table") > v_good
+    assert lake.promoted_version("wap_table") == v_good
+    df, v = lake.read_promoted("wap_table")
+    assert v == v_good and sorted(df["id"].to_list()) == ["a", "b", "c"]
+    # same run: the downstream step did not run (blocking check)
+    downstream_mats = [e for e in bad.get_asset_materialization_events() if e.asset_key == dg.AssetKey("wap_downstream")]
+    assert not downstream_mats
+    # across runs: materializing downstream alone still reads the last promoted version exactly
+    alone = dg.materialize([wap_table, wap_downstream], selection=[dg.AssetKey("wap_downstream")], instance=instance,
+                           resources={"lake": lake_res})
+    mat = alone.get_asset_materialization_events()[0].materialization
+    assert mat.metadata["read_version"].value == v_good and mat.metadata["rows"].value == 3
+
+
+def test_downstream_of_never_promoted_table_fails_clearly(tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    lake.write("t", pl.DataFrame({"id": ["a"]}), lineage=Lineage.local("t"), mode="append")
+    with pytest.raises(NotPromoted, match="t"):
+        lake.read_promoted("t")
+
+
+# --- a real smoke run of the whole graph -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    home = tmp_path_factory.mktemp("cowork")
+    instance = ensure_home(home / "dagster_home")
+    profile = ProfileResource(**SMOKE_PROFILE)
+    lake_res = LakeResource(root=str(home / "lake"))
+    lines: list[str] = []
+    timings = run_all(profile, lake_res, instance, log=lines.append,
+                      capabilities=["invoice_reconcile", "ticket_triage_followup", "weekly_task_digest"])
+    return lake_res.lake(), instance, timings, lines
+
+
+def test_smoke_run_materializes_every_table_with_lineage(smoke_run):
+    lake, instance, timings, lines = smoke_run
+    assert all("FAILED" not in line for line in lines), "\n".join(lines)
+    for table in ("capability_specs", "validated_environments", "repair_log", "environment_splits", "teacher_trajectories",
+                  "demonstrations", "checkpoints", "benchmark_scores"):
+        df, version = lake.read_promoted(table)
+        assert len(df) > 0, table
+        for col in LINEAGE_COLUMNS:
+            assert col in df.columns, (table, col)
+        committed = {h["run_id"] for h in lake.history(table, limit=None)}
+        assert set(df["_run_id"]) <= committed, table  # every row's run id is on a commit of the table
+        for run_id in set(df["_run_id"]):
+            assert instance.get_run_by_id(run_id) is not None, f"{table}: {run_id} is a real Dagster run"
+    envs, v_env = lake.read_promoted("validated_environments")
+    splits, _ = lake.read_promoted("environment_splits")
+    up = json.loads(splits["_upstream_versions"][0])
+    assert up["validated_environments"] == v_env  # the exact version it was computed from
+    assert set(envs["capability_id"]) == {"invoice_reconcile", "ticket_triage_followup", "weekly_task_digest"}
+    assert set(splits.filter(pl.col("capability_id") == "weekly_task_digest")["split"]) == {"heldout_capability"}
+    demos, _ = lake.read_promoted("demonstrations")
+    assert set(demos["split"]) == {"train"}
+    assert "weekly_task_digest" not in set(demos["capability_id"])
+    scores, _ = lake.read_promoted("benchmark_scores")
+    assert {"base", "sft", "teacher"} <= {a.split(":")[0] for a in scores["agent"].unique()}
+    assert set(scores["split"]) <= {"heldout_env", "heldout_capability"}
+
+
+def test_partition_rerun_is_idempotent_and_leaves_other_partitions_untouched(smoke_run, tmp_path):
+    lake, instance, _, _ = smoke_run
+    before, _ = lake.read_promoted("validated_environments")
+    other_before = before.filter(pl.col("capability_id") != "invoice_reconcile").sort("env_id")
+    res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey(t) for t in ("environment_drafts", "repair_log", "validated_environments",
+                                                                          "rejected_environments", "repair_telemetry")],
+                         partition_key="invoice_reconcile", instance=instance,
+                         resources=resources(ProfileResource(**SMOKE_PROFILE), LakeResource(root=lake.root)))
+    assert res.success
+    after, _ = lake.read_promoted("validated_environments")
+    assert len(after) == len(before)  # no duplicate rows
+    assert after["env_id"].n_unique() == len(after)
+    other_after = after.filter(pl.col("capability_id") != "invoice_reconcile").sort("env_id")
+    assert other_after["_run_id"].to_list() == other_before["_run_id"].to_list()  # untouched
+    assert other_after["spec_hash"].to_list() == other_before["spec_hash"].to_list()
