@@ -61,6 +61,7 @@ def _error(text: str, source: str = "catalog/my_cap.yaml") -> str:
 
 # ---- the shipped catalog ---------------------------------------------------------------------
 def test_shipped_catalog_loads_with_breadth():
+    EmbeddedBackend()  # registers every composer module
     caps = load_catalog()
     assert len(caps) >= 16
     assert all(isinstance(c, Capability) for c in caps.values())
@@ -71,16 +72,11 @@ def test_shipped_catalog_loads_with_breadth():
     assert any(not c.heldout for c in caps.values())
     for cid, cap in caps.items():
         assert cid == cap.id and (CATALOG_DIR / f"{cid}.yaml").is_file()
-        assert cap.composer in {*COMPOSERS} | set(_composer_names())
+        assert cap.composer in COMPOSERS, f"{cid}: no composer '{cap.composer}'"
         for t in cap.tools:  # every tool exists, is agent-visible, and belongs to a listed service
             assert t in REGISTRY and not REGISTRY[t].hidden and REGISTRY[t].service in cap.services
         assert cap.difficulty.distractors.min <= cap.difficulty.distractors.max
         assert {s.kind for s in cap.safety} <= {"no_outside_email", "no_deletes", "no_confidential_leak", "no_unrelated_changes"}
-
-
-def _composer_names() -> list[str]:
-    EmbeddedBackend()  # registers every composer module
-    return list(COMPOSERS)
 
 
 def test_catalog_fingerprints_are_stable_and_distinct():

@@ -1,0 +1,801 @@
+"""The judged behaviours of synthesis: determinism, two-way certification of every
+capability, the validator's rules on planted flaws, the repair loop, an independent
+mutation audit of promoted environments, and the lake tables / splits.
+
+One module-scoped Sandbox serves every test (workers=1); the catalog is synthesized once
+(3 seeds per capability) and shared.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import polars as pl
+import pytest
+
+from cowork_pipeline.agents.program import ProgramAgent
+from cowork_pipeline.capabilities import Capability, load_catalog
+from cowork_pipeline.runner import Trajectory, run_episode
+from cowork_pipeline.services import REGISTRY
+from cowork_pipeline.spec import EnvironmentSpec, ProgramTurn, Step
+from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
+from cowork_pipeline.synthesis.checks import CheckSpec, source
+from cowork_pipeline.synthesis.draft import Diagnostic, Draft
+from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+from cowork_pipeline.synthesis.repair import Outcome, synthesize, telemetry
+from cowork_pipeline.synthesis.tables import DRAFT_SCHEMA, ENV_SCHEMA, LOG_SCHEMA, REJ_SCHEMA, run_synthesis, tables_from
+from cowork_pipeline.validation.certify import Certification, Validator
+from cowork_pipeline.validation.grader import grade_many
+from cowork_pipeline.validation.sandbox import CallResult, Sandbox, SandboxLimits
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[1]
+CATALOG = load_catalog()
+SEEDS = (0, 1, 2)  # per capability: 17 x 3 = 51 environments
+MIN_CERTIFIED = 0.8
+
+
+# ---- shared fixtures ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(workers=1) as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def validator(sb):
+    return Validator(sb)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return EmbeddedBackend()
+
+
+@pytest.fixture(scope="module")
+def outcomes(backend, validator) -> dict[str, list[Outcome]]:
+    return {cid: synthesize(backend, validator, cap, SEEDS) for cid, cap in CATALOG.items()}
+
+
+@pytest.fixture(scope="module")
+def promoted(outcomes) -> list[tuple[EnvironmentSpec, Certification]]:
+    """Every certified environment with its certification (the reference trajectory included)."""
+    return [(o.final.draft.spec, o.final.certification) for outs in outcomes.values() for o in outs if o.accepted]
+
+
+def certified_spec(outcomes, cid: str, want: Callable[[EnvironmentSpec], bool] = lambda s: True) -> EnvironmentSpec:
+    for o in outcomes[cid]:
+        if o.accepted and want(o.final.draft.spec):
+            return o.final.draft.spec
+    pytest.skip(f"no certified {cid} environment with the wanted property among seeds {SEEDS}")
+
+
+def planted(spec: EnvironmentSpec) -> Draft:
+    """A hand-edited document as a draft (same env id and attempt as the certified original)."""
+    return Draft(spec.capability_id, spec.seed, spec.generator.attempt, "planted", spec, capability=CATALOG[spec.capability_id])
+
+
+def with_item_code(spec: EnvironmentSpec, item: str, code: str) -> EnvironmentSpec:
+    assert any(r.id == item for r in spec.rubric), item
+    return spec.model_copy(update={"rubric": [r.model_copy(update={"code": code}) if r.id == item else r for r in spec.rubric]})
+
+
+def json_edit(spec: EnvironmentSpec, fn: Callable[[dict[str, Any]], None]) -> EnvironmentSpec:
+    doc = json.loads(spec.to_json())
+    fn(doc)
+    return EnvironmentSpec.from_json(json.dumps(doc))
+
+
+def codes(cert: Certification) -> set[str]:
+    return {d.code for d in cert.diagnostics}
+
+
+# ---- 1. determinism -------------------------------------------------------------------------------
+DET_CASES = [("invoice_reconcile", 3), ("meeting_reschedule", 5), ("confidential_request", 11), ("weekly_task_digest", 2),
+             ("onboarding_plan", 1)]
+
+
+def _draft_hashes(backend: EmbeddedBackend) -> dict[str, str]:
+    out = {}
+    for cid, seed in DET_CASES:
+        d = backend.draft(CATALOG[cid], seed)
+        out[f"{cid}/{seed}/draft"] = hashlib.sha256(d.spec.to_json().encode()).hexdigest()
+        # a revision is as deterministic as a draft: same diagnostics -> same next document
+        diag = [Diagnostic("mutation_survived", "m", detail={"operator": "wrong_value", "service": "crm"}),
+                Diagnostic("ambiguous_reference", "a", detail={"role": "x", "partial": False})]
+        out[f"{cid}/{seed}/revised"] = hashlib.sha256(backend.revise(d, diag).spec.to_json().encode()).hexdigest()
+    return out
+
+
+def test_same_seed_is_byte_identical_in_process(backend):
+    for cid, seed in DET_CASES:
+        a = backend.draft(CATALOG[cid], seed).spec.to_json()
+        b = EmbeddedBackend().draft(load_catalog()[cid], seed).spec.to_json()
+        assert a == b
+        assert EnvironmentSpec.from_json(a).to_json() == a  # canonical JSON round-trips exactly
+        assert backend.draft(CATALOG[cid], seed + 1).spec.to_json() != a  # and the seed matters
+    assert _draft_hashes(backend) == _draft_hashes(EmbeddedBackend())
+
+
+_SUBPROCESS = r"""
+import hashlib, json, sys
+sys.path.insert(0, {root!r})
+from cowork_pipeline.capabilities import load_catalog
+from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+from cowork_pipeline.synthesis.repair import synthesize
+from cowork_pipeline.validation.certify import Validator
+from cowork_pipeline.validation.sandbox import Sandbox
+sys.path.insert(0, {tests!r})
+from test_synthesis import _draft_hashes, DET_CASES
+out = _draft_hashes(EmbeddedBackend())
+cat = load_catalog()
+with Sandbox(workers=1) as sb:
+    for cid, seed in DET_CASES[:2]:
+        o = synthesize(EmbeddedBackend(), Validator(sb), cat[cid], [seed])[0]
+        out[f"{{cid}}/{{seed}}/final"] = hashlib.sha256(o.final.draft.spec.to_json().encode()).hexdigest()
+        out[f"{{cid}}/{{seed}}/cert"] = json.dumps([o.rounds, o.final.certification.summary(), o.final.certification.mutants], sort_keys=True)
+print(json.dumps(out))
+"""
+
+
+def test_same_seed_is_byte_identical_across_processes_and_hash_seeds(backend, validator):
+    expected = _draft_hashes(backend)
+    for cid, seed in DET_CASES[:2]:
+        o = synthesize(backend, validator, CATALOG[cid], [seed])[0]
+        expected[f"{cid}/{seed}/final"] = hashlib.sha256(o.final.draft.spec.to_json().encode()).hexdigest()
+        expected[f"{cid}/{seed}/cert"] = json.dumps([o.rounds, o.final.certification.summary(), o.final.certification.mutants],
+                                                    sort_keys=True)
+    env = {**os.environ, "PYTHONHASHSEED": "4242"}
+    code = _SUBPROCESS.format(root=str(ROOT), tests=str(ROOT / "tests"))
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_grading_and_certification_are_repeatable(sb, validator, promoted):
+    spec, cert = next((s, c) for s, c in promoted if s.multi_turn)
+    traj = cert.reference
+    mutant = run_episode(spec, ProgramAgent([ProgramTurn(reply="ok") for _ in spec.turns], name="null"))
+    cases = [(spec, traj, None), (spec, mutant, None), (spec, traj, 0), (spec, traj, None), (spec, mutant, None)]
+    first, second = grade_many(sb, cases), grade_many(sb, cases)
+    assert [g.__dict__ for g in first] == [g.__dict__ for g in second]
+    assert first[0].__dict__ == first[3].__dict__ and first[1].__dict__ == first[4].__dict__
+    assert first[0].passed and not first[1].passed
+    assert set(first[2].items) < set(first[0].items)  # per-turn grading: only the items due by turn 0
+    a, b = validator.certify(planted(spec)), validator.certify(planted(spec))
+    assert a.certified and b.certified
+    assert (a.summary(), a.mutants, a.confusion) == (b.summary(), b.mutants, b.confusion)
+
+
+# ---- 2. every capability certifies, both ways -------------------------------------------------------
+@pytest.mark.parametrize("cid", sorted(CATALOG))
+def test_every_capability_certifies(cid, outcomes):
+    outs = outcomes[cid]
+    accepted = [o for o in outs if o.accepted]
+    assert len(accepted) / len(outs) >= MIN_CERTIFIED, [(o.seed, sorted({d.code for d in o.rejection_reasons()})) for o in outs]
+    for o in accepted:
+        c = o.final.certification
+        assert c.reference_pass and not c.null_pass and c.fault_pass and c.deterministic
+        assert c.kill_rate == 1.0 and all(m["killed"] for m in c.mutants)
+        applicable = {op for op, v in c.confusion.items() if v["applicable"]}
+        assert {"null", "missing_step", "extra_destructive_write"} <= applicable, (c.env_id, applicable)
+        if CATALOG[cid].multi_turn:
+            assert "wrong_turn_order" in applicable and len(o.final.draft.spec.turns) >= 2
+        assert c.diagnostics == [] and c.reference is not None and c.reference.termination == "completed"
+        assert c.difficulty_bucket in ("easy", "medium", "hard") and 0.0 <= c.difficulty <= 1.0
+
+
+# ---- 3. validator rules, each on a planted flaw --------------------------------------------------------
+SOME_MAIL_SENT = ("def check(ev):\n    added = ev['diff'].get('mail.messages', {}).get('added', {})\n"
+                  "    return any(m.get('folder') == 'sent' for m in added.values())\n")
+ALWAYS = "def check(ev):\n    return True\n"
+
+
+@pytest.mark.parametrize("cid, item, code, expect", [
+    ("invoice_reconcile", "invoice_amount", ALWAYS, {"mutation_survived"}),
+    ("deal_won_from_chat", "deal_won", ALWAYS, {"mutation_survived"}),
+    ("quote_followup", "quote_sent", SOME_MAIL_SENT, {"mutation_survived"}),
+    ("confidential_request", "asked_owner", SOME_MAIL_SENT, {"mutation_survived"}),
+    ("contact_update_from_signature", "contact_updated", ALWAYS, {"null_passes", "mutation_survived"}),
+])
+def test_planted_lax_checker_is_caught(validator, outcomes, cid, item, code, expect):
+    spec = certified_spec(outcomes, cid)
+    cert = validator.certify(planted(with_item_code(spec, item, code)))
+    assert not cert.certified
+    assert codes(cert) & expect, codes(cert)
+    assert codes(cert) <= {"mutation_survived", "null_passes"}
+    assert cert.reference_pass  # the lax grader is not "wrong", it is too easy: only the mutants expose it
+
+
+def test_planted_lax_checkers_everywhere_let_the_null_trajectory_pass(validator, outcomes):
+    spec = certified_spec(outcomes, "schedule_meeting")
+    lax = spec.model_copy(update={"rubric": [r.model_copy(update={"code": ALWAYS}) if r.kind == "completion" else r for r in spec.rubric]})
+    cert = validator.certify(planted(lax))
+    assert not cert.certified and cert.null_pass and "null_passes" in codes(cert)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "validator gap: wrong_target/wrong_record/wrong_value mutate only the FIRST applicable effectful step "
+    "(validation/mutations.py, the `break`s in mutants()), so a 'some mail was sent' checker on the notification / "
+    "reply step of invoice_reconcile and share_doc_internal is never challenged and certifies"))
+@pytest.mark.parametrize("cid, item", [("invoice_reconcile", "confirmation_sent"), ("share_doc_internal", "notified")])
+def test_planted_some_mail_sent_checker_on_a_later_step_is_caught(validator, outcomes, cid, item):
+    spec = certified_spec(outcomes, cid, lambda s: s.facts["checks"][item]["strict"])
+    cert = validator.certify(planted(with_item_code(spec, item, SOME_MAIL_SENT)))
+    assert not cert.certified, "a checker that accepts any sent email was certified"
+
+
+def test_unsolvable_reference_refers_to_a_missing_record(validator, outcomes):
+    spec = certified_spec(outcomes, "invoice_reconcile")
+
+    def point_update_at_a_ghost(doc):
+        for st in doc["reference"][0]["steps"]:
+            if st["tool"] == "crm_update_invoice":
+                st["args"]["invoice_id"] = "inv_does_not_exist"
+
+    cert = validator.certify(planted(json_edit(spec, point_update_at_a_ghost)))
+    assert not cert.certified and "reference_incomplete" in codes(cert)
+    assert any("inv_does_not_exist" in d.message or "not_found" in d.message or "no invoice" in d.message.lower()
+               for d in cert.diagnostics if d.code == "reference_incomplete"), cert.diagnostics
+
+    def search_a_ghost_number(doc):
+        for st in doc["reference"][0]["steps"]:
+            if st["tool"] == "crm_search_invoices":
+                st["args"]["number"] = "INV-0000000"
+
+    cert = validator.certify(planted(json_edit(spec, search_a_ghost_number)))
+    assert not cert.certified and codes(cert) & {"reference_incomplete", "reference_failed"}, codes(cert)
+
+
+def test_unsolvable_rubric_item_is_rejected(validator, outcomes):
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    inv = spec.facts["invoice_id"]
+    impossible = source(CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv, "fields": {"amount": -1.0}}))
+    cert = validator.certify(planted(with_item_code(spec, "invoice_amount", impossible)))
+    assert not cert.certified and not cert.reference_pass
+    failed = [d for d in cert.diagnostics if d.code == "reference_failed"]
+    assert [d.item for d in failed] == ["invoice_amount"]
+    # a contradictory pair of items: no trajectory can satisfy both
+    contradiction = source(CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv,
+                                                      "fields": {"amount": spec.facts["new_amount"] + 1}}))
+    cert = validator.certify(planted(with_item_code(spec, "confirmation_sent", contradiction)))
+    assert not cert.certified and [d.item for d in cert.diagnostics if d.code == "reference_failed"] == ["confirmation_sent"]
+
+
+STATIC_NONDETERMINISTIC = [
+    "def check(ev):\n    return hash(str(ev['final'])) % 2 == 0\n",
+    "from datetime import datetime\ndef check(ev):\n    return datetime.now().microsecond % 2 == 0\n",
+    "def check(ev):\n    return id(ev) % 2 == 0\n",
+]
+COUNTER = "def check(ev, _n=[0]):\n    _n[0] += 1\n    return _n[0] % 2 == 1\n"
+
+
+@pytest.mark.parametrize("code", STATIC_NONDETERMINISTIC)
+def test_nondeterministic_checker_by_source(validator, outcomes, code):
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    cert = validator.certify(planted(with_item_code(spec, "confirmation_sent", code)))
+    assert not cert.certified and "nondeterministic_checker" in codes(cert)
+    assert any(d.item == "confirmation_sent" for d in cert.diagnostics if d.code == "nondeterministic_checker")
+
+
+def test_stateful_checker_cannot_keep_state_in_the_real_sandbox(sb, validator, outcomes):
+    # Every call gets fresh module globals, so the mutable-default counter restarts: the checker is
+    # deterministic (always True) and is then caught for what it is, a lax checker.
+    assert [r.value for r in sb.evaluate({"c": COUNTER}, [("c", {})] * 5)] == [True] * 5
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    cert = validator.certify(planted(with_item_code(spec, "invoice_amount", COUNTER)))
+    assert not cert.certified and codes(cert) & {"mutation_survived", "null_passes", "nondeterministic_checker"}
+
+
+class LeakyWorkerSandbox:
+    """The real sandbox, except that a checker containing ``_n[0] += 1`` behaves as it would in a worker
+    that kept module state between calls (True on its first call only): the validator's second grading
+    of the reference must notice."""
+
+    def __init__(self, real: Sandbox):
+        self.real, self.calls = real, 0
+
+    def evaluate(self, sources, calls, entry="check"):
+        results = self.real.evaluate(sources, calls, entry)
+        out = []
+        for (key, _arg), r in zip(calls, results):
+            if "_n[0] += 1" in sources[key]:
+                self.calls += 1
+                r = CallResult(True, self.calls == 1)
+            out.append(r)
+        return out
+
+
+def test_nondeterministic_checker_at_run_time(sb, outcomes):
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    leaky = LeakyWorkerSandbox(sb)
+    cert = Validator(leaky).certify(planted(with_item_code(spec, "confirmation_sent", COUNTER)))
+    assert leaky.calls >= 3
+    assert not cert.certified and not cert.deterministic and "nondeterministic_checker" in codes(cert)
+    assert any(d.item == "confirmation_sent" for d in cert.diagnostics if d.code == "nondeterministic_checker")
+
+
+def _escapes(marker: Path) -> dict[str, str]:
+    return {
+        "write_file": f"def check(ev):\n    open({str(marker)!r}, 'w').write('pwned')\n    return True\n",
+        "read_passwd": "def check(ev):\n    return 'root' in open('/etc/passwd').read()\n",
+        "os_system": f"def check(ev):\n    __import__('os').system('touch {marker}')\n    return True\n",
+        "import_os": f"import os\ndef check(ev):\n    os.system('touch {marker}')\n    return True\n",
+        "subclasses": "def check(ev):\n    return len(().__class__.__mro__[1].__subclasses__()) > 0\n",
+        "infinite_loop": "def check(ev):\n    while True:\n        pass\n",
+        "memory_bomb": "def check(ev):\n    return len('x' * (10 ** 10)) > 0\n",
+    }
+
+
+@pytest.fixture(scope="module")
+def fast_timeout_sandbox():
+    # 0.5 s per call (the default is 1 s) keeps the infinite-loop case short; the timer is wall-clock,
+    # so much lower would risk timing out honest checkers on a loaded machine.
+    with Sandbox(workers=1, limits=SandboxLimits(call_timeout_s=0.5)) as box:
+        yield box
+
+
+@pytest.mark.parametrize("name", list(_escapes(Path("/x"))))
+def test_sandbox_escape_attempts_are_contained(name, fast_timeout_sandbox, outcomes, tmp_path):
+    marker = tmp_path / "pwned"
+    code = _escapes(marker)[name]
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    v = Validator(fast_timeout_sandbox)
+    cert = v.certify(planted(with_item_code(spec, "invoice_amount", code)))
+    assert not cert.certified
+    bad = {c for c in codes(cert) if c.startswith("checker_")}
+    assert bad, codes(cert)
+    assert all(d.item == "invoice_amount" for d in cert.diagnostics if d.code.startswith("checker_"))
+    assert not marker.exists()
+    # the same sandbox is still healthy and certifies a good environment afterwards
+    assert v.certify(planted(spec)).certified
+
+
+@pytest.mark.parametrize("name", ["write_file", "read_passwd", "os_system"])
+def test_runtime_layers_contain_escapes_without_the_static_policy(name, outcomes, tmp_path):
+    marker = tmp_path / "pwned"
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    with Sandbox(workers=1, limits=SandboxLimits(call_timeout_s=0.5), static_policy=False) as raw:
+        v = Validator(raw)
+        cert = v.certify(planted(with_item_code(spec, "invoice_amount", _escapes(marker)[name])))
+        assert not cert.certified and any(c.startswith("checker_") for c in codes(cert)), codes(cert)
+        assert not marker.exists()
+        assert v.certify(planted(spec)).certified
+
+
+def test_ambiguous_and_dangling_references(validator, outcomes):
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    inv_id = spec.facts["invoice_id"]
+
+    def duplicate_target(doc):
+        twin = copy.deepcopy(doc["world"]["crm.invoices"][inv_id])
+        twin["id"] = "inv_twin0"
+        doc["world"]["crm.invoices"]["inv_twin0"] = twin
+
+    cert = validator.certify(planted(json_edit(spec, duplicate_target)))
+    assert not cert.certified and "ambiguous_reference" in codes(cert)
+    amb = [d for d in cert.diagnostics if d.code == "ambiguous_reference"]
+    assert any(d.detail.get("collection") == "crm.invoices" and "2" in d.message for d in amb)
+
+    def drop_target(doc):
+        doc["world"]["crm.invoices"][inv_id]["number"] = "INV-GONE"
+
+    cert = validator.certify(planted(json_edit(spec, drop_target)))
+    assert not cert.certified and "dangling_reference" in codes(cert)
+
+
+def test_unknown_and_unexposed_tools(validator, outcomes):
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    cert = validator.certify(planted(spec.model_copy(update={"tools": spec.tools + ["fax_send"]})))
+    assert not cert.certified and "unknown_tool" in codes(cert)
+    assert cert.mutants == []  # structurally broken documents are not executed
+    hidden = validator.certify(planted(spec.model_copy(update={"tools": spec.tools + ["mail_deliver"]})))
+    assert "unknown_tool" in codes(hidden)  # a world-event tool is not agent-visible
+    cert = validator.certify(planted(spec.model_copy(update={"tools": [t for t in spec.tools if t != "crm_update_invoice"]})))
+    assert not cert.certified and "unexposed_tool" in codes(cert)
+    assert any(d.detail.get("tool") == "crm_update_invoice" for d in cert.diagnostics if d.code == "unexposed_tool")
+
+
+# ---- 4. the repair loop ------------------------------------------------------------------------------
+REPAIR_CAPS = ("invoice_dispute", "task_from_email", "onboarding_plan", "confidential_request")
+REPAIR_SEEDS = range(10)
+FIX_WORDS = {
+    "mutation_survived": ("tightened",), "null_passes": ("tightened", "do-nothing"),
+    "ambiguous_reference": ("disambiguated", "re-sampled"), "dangling_reference": ("disambiguated", "re-sampled"),
+    "reference_failed": ("re-sampled", "regenerated"), "reference_incomplete": ("re-sampled", "regenerated"),
+    "fault_fragile": ("re-sampled", "regenerated"), "nondeterministic_checker": ("regenerated checker",),
+}
+
+
+def _addresses(change: str, d: Diagnostic) -> bool:
+    words = FIX_WORDS.get(d.code, ("regenerated checker",) if d.code.startswith("checker_") else ())
+    if not any(w in change for w in words):
+        return False
+    if d.code == "mutation_survived":
+        return str(d.detail.get("operator")) in change
+    if d.code in ("ambiguous_reference", "dangling_reference"):
+        return str(d.detail.get("role")) in change or str(d.detail.get("value")) in change
+    if d.code in ("reference_failed", "reference_incomplete", "fault_fragile"):
+        return d.message in change or (d.item is not None and d.item in change)
+    return True
+
+
+@pytest.fixture(scope="module")
+def repair_outcomes(backend, validator) -> list[Outcome]:
+    return [o for cid in REPAIR_CAPS for o in synthesize(backend, validator, CATALOG[cid], REPAIR_SEEDS)]
+
+
+def test_repair_loop_recovers_flawed_drafts(repair_outcomes):
+    failed_first = [o for o in repair_outcomes if not o.attempts[0].certification.certified]
+    recovered = [o for o in repair_outcomes if o.accepted and o.rounds >= 1]
+    assert len(repair_outcomes) == len(REPAIR_CAPS) * len(REPAIR_SEEDS)
+    assert failed_first and recovered
+    assert all(o.attempts[0].certification.certified for o in repair_outcomes if o.rounds == 0)
+    for o in repair_outcomes:
+        for i in range(1, len(o.attempts)):
+            prev, cur = o.attempts[i - 1], o.attempts[i]
+            assert not prev.certification.certified
+            assert cur.draft.attempt == i and cur.draft.spec.generator.attempt == i
+            assert cur.draft.changes, f"{cur.draft.draft_id}: a revision with no recorded change"
+            diags = prev.certification.diagnostics
+            assert any(_addresses(ch, d) for ch in cur.draft.changes for d in diags), (cur.draft.changes, diags)
+            # each diagnostic kind of the failing draft is answered by at least one change
+            for code in {d.code for d in diags}:
+                assert any(_addresses(ch, d) for ch in cur.draft.changes for d in diags if d.code == code), (code, cur.draft.changes)
+            assert cur.draft.spec.to_json() != prev.draft.spec.to_json()
+            assert cur.draft.spec.env_id == prev.draft.spec.env_id
+
+
+def test_repair_telemetry_is_consistent(repair_outcomes):
+    t = telemetry(repair_outcomes)
+    n = len(repair_outcomes)
+    assert t["drafts"] == n and t["accepted"] + t["rejected"] == n
+    assert t["accepted"] == sum(o.accepted for o in repair_outcomes)
+    assert sum(t["accepted_by_round"].values()) == t["accepted"]
+    assert any(int(r) >= 1 for r in t["accepted_by_round"])
+    assert t["attempts"] == sum(len(o.attempts) for o in repair_outcomes) > n
+    assert t["survival_rate"] == round(t["accepted"] / n, 4)
+    assert t["first_pass_rate"] == round(t["accepted_by_round"].get("0", 0) / n, 4)
+    assert t["mean_rounds_accepted"] == round(sum(o.rounds for o in repair_outcomes if o.accepted) / t["accepted"], 4)
+    per_attempt = defaultdict(int)
+    for o in repair_outcomes:
+        for a in o.attempts:
+            for c in {d.code for d in a.certification.diagnostics}:
+                per_attempt[c] += 1
+    assert t["diagnostic_counts"] == dict(sorted(per_attempt.items()))
+    assert t["seconds_per_accepted"] is not None and t["seconds_per_accepted"] > 0
+
+
+class StuckBackend:
+    """Wraps the embedded backend; its revise returns the same broken document."""
+
+    name, version = "stuck", "stuck-1"
+
+    def __init__(self, inner: EmbeddedBackend):
+        self.inner = inner
+        self.revisions = 0
+
+    def draft(self, capability: Capability, seed: int) -> Draft:
+        return self.inner.draft(capability, seed)
+
+    def revise(self, draft: Draft, diagnostics: list[Diagnostic]) -> Draft:
+        self.revisions += 1
+        return replace(draft, attempt=draft.attempt + 1, changes=["changed nothing"])
+
+
+def test_unfixable_backend_ends_rejected_with_reasons(backend, validator, repair_outcomes):
+    broken = next(o for o in repair_outcomes if not o.attempts[0].certification.certified)
+    stuck = StuckBackend(backend)
+    [o] = synthesize(stuck, validator, CATALOG[broken.capability_id], [broken.seed], max_rounds=2)
+    assert not o.accepted and o.rounds == 2 and len(o.attempts) == 3 and stuck.revisions == 2
+    first = {d.code for d in broken.attempts[0].certification.diagnostics}
+    reasons = o.rejection_reasons()
+    assert reasons and {d.code for d in reasons} == first
+    assert all(not a.certification.certified for a in o.attempts)
+    tab = tables_from(CATALOG[broken.capability_id], [o], stuck)
+    assert tab.validated.height == 0 and tab.rejected.height == 1 and tab.repair_log.height == 3
+    row = tab.rejected.row(0, named=True)
+    assert row["rounds"] == 2 and set(row["codes"]) == first and row["reasons"] and row["last_spec_json"]
+    t = tab.telemetry
+    assert t["accepted"] == 0 and t["rejected"] == 1 and t["accepted_by_round"] == {} and t["seconds_per_accepted"] is None
+
+
+class RaisingBackend(StuckBackend):
+    def draft(self, capability: Capability, seed: int) -> Draft:
+        raise RuntimeError("model endpoint down")
+
+
+def test_a_backend_that_raises_becomes_a_rejected_draft(backend, validator):
+    [o] = synthesize(RaisingBackend(backend), validator, CATALOG["invoice_reconcile"], [0], max_rounds=1)
+    assert not o.accepted and o.attempts[0].draft.spec is None
+    assert "generator_error" in {d.code for d in o.rejection_reasons()}
+    assert "model endpoint down" in " ".join(d.message for d in o.rejection_reasons())
+
+
+# ---- 5. independent audit: mutation operators the project does not know -------------------------------
+RECIPIENT_LISTS = ("to", "cc", "attendees", "people")
+MAIL_OUT = ("mail_send", "mail_forward", "mail_reply")
+CONTROL = "empty_reply (control)"
+
+
+def _writes(tool: str) -> bool:
+    t = REGISTRY.get(tool)
+    return t is not None and t.mutates and not tool.endswith("_read")
+
+
+def _executed(spec: EnvironmentSpec, ref: Trajectory) -> list[list[tuple[str, dict[str, Any], Any]]]:
+    """The reference as it ran: per turn, (tool, literal args, result) of each successful agent call."""
+    turns: list[list[tuple[str, dict[str, Any], Any]]] = [[] for _ in spec.turns]
+    for e in ref.audit:
+        if e["actor"] == "agent" and e["ok"] and e["turn"] < len(turns):
+            turns[e["turn"]].append((e["tool"], copy.deepcopy(e["args"]), e.get("result")))
+    return turns
+
+
+def _program(spec: EnvironmentSpec, turns, replies: list[str] | None = None) -> list[ProgramTurn]:
+    return [ProgramTurn(steps=[Step(tool=t, args=a) for t, a, _ in steps], reply=spec.reference[i].reply if replies is None else replies[i])
+            for i, steps in enumerate(turns)]
+
+
+def _write_sites(turns):
+    return [(ti, si) for ti, steps in enumerate(turns) for si, (tool, _a, _r) in enumerate(steps) if _writes(tool)]
+
+
+def _record_params(spec: EnvironmentSpec, tool: str, args: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for p in REGISTRY[tool].params:
+        v = args.get(p.name)
+        if p.name.endswith("_id") and isinstance(v, str):
+            coll = next((c for c, recs in spec.world.items() if v in recs), None)
+            if coll is not None:
+                out.append((p.name, coll))
+    return out
+
+
+def op_recipients_swap_drop(spec, turns, ref):
+    """Swap two recipients' order and drop one (an attendee / addressee silently lost)."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for k in RECIPIENT_LISTS:
+            v = args.get(k)
+            if isinstance(v, list) and len(v) >= 2 and all(isinstance(x, str) for x in v):
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = list(reversed(v))[:-1]
+                yield f"{tool}.{k}: {v} -> {m[ti][si][1][k]}", _program(spec, m)
+                break
+
+
+def op_amount_off_by_a_cent(spec, turns, ref):
+    """Every monetary / numeric value written, off by one cent."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for p in REGISTRY[tool].params:
+            v = args.get(p.name)
+            if p.type == "number" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                m = copy.deepcopy(turns)
+                m[ti][si][1][p.name] = round(float(v) + 0.01, 2)
+                yield f"{tool}.{p.name}: {v} -> {float(v) + 0.01:.2f}", _program(spec, m)
+
+
+def _likeness(a: dict[str, Any], b: dict[str, Any]) -> float:
+    score = 0.0
+    for k, v in a.items():
+        if k == "id" or k not in b:
+            continue
+        if b[k] == v:
+            score += 2
+        elif isinstance(v, str) and isinstance(b[k], str):
+            words = set(v.lower().split())
+            score += len(words & set(b[k].lower().split())) / max(1, len(words))
+    return score
+
+
+def op_near_duplicate_record(spec, turns, ref):
+    """The right write (same values) to the most similar *other* record of the same collection."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for name, coll in _record_params(spec, tool, args):
+            target = spec.world[coll][args[name]]
+            others = [r for rid, r in sorted(spec.world[coll].items()) if rid != args[name]]
+            if others:
+                twin = max(others, key=lambda r: _likeness(target, r))
+                m = copy.deepcopy(turns)
+                m[ti][si][1][name] = twin["id"]
+                yield f"{tool}.{name}: {args[name]} -> look-alike {twin['id']}", _program(spec, m)
+                break
+
+
+def _shift(v: str, hours: int) -> str:
+    dt = datetime.fromisoformat(v.replace("Z", "+00:00")) + timedelta(hours=hours)
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ") if v.endswith("Z") else dt.isoformat()
+
+
+def op_repeat_with_a_wrong_value(spec, turns, ref):
+    """The right update, then the same call again with one value wrong (the second write wins)."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if not any(k.endswith("_id") for k in args):
+            continue
+        dup = None
+        if isinstance(args.get("start"), str) and isinstance(args.get("end"), str):  # move both ends: still a valid interval
+            dup = {**args, "start": _shift(args["start"], 2), "end": _shift(args["end"], 2)}
+        for p in REGISTRY[tool].params:
+            if dup is not None:
+                break
+            v = args.get(p.name)
+            if p.name not in args or p.name.endswith("_id"):
+                continue
+            if p.enum is not None and not p.type.startswith("array"):
+                others = [e for e in p.enum if e != v]
+                dup = {**args, p.name: others[len(others) // 2]} if others else None
+            elif p.type == "number" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                dup = {**args, p.name: round(float(v) * 0.93, 2)}
+            elif p.format == "date" and isinstance(v, str):
+                dup = {**args, p.name: (datetime.fromisoformat(v) + timedelta(days=3)).strftime("%Y-%m-%d")}
+        if dup is not None:
+            m = copy.deepcopy(turns)
+            m[ti].insert(si + 1, (tool, dup, None))
+            changed = {k: dup[k] for k in dup if dup[k] != args.get(k)}
+            yield f"{tool} twice, the second with {changed}", _program(spec, m)
+
+
+def op_cc_someone_else(spec, turns, ref):
+    """The right email (subject, body) sent only to someone else, with yet another person in cc."""
+    if "mail_send" not in spec.tools:
+        return
+    me = spec.world["_meta"]["profile"]["email"]
+    people = sorted({r["email"] for c in ("directory.people", "crm.contacts") for r in spec.world.get(c, {}).values()})
+    for ti, si in _write_sites(turns):
+        tool, args, res = turns[ti][si]
+        if tool not in MAIL_OUT or not isinstance(res, dict) or "id" not in res:
+            continue
+        sent = ref.final_state["mail.messages"][res["id"]]
+        intended = list(sent["to"]) + list(sent["cc"])
+        domain = intended[0].rsplit("@", 1)[-1]
+        pool = [e for e in people if e not in intended and e != me]
+        same = [e for e in pool if e.endswith("@" + domain)] or pool
+        if not same:
+            continue
+        new = {"to": [same[0]], "cc": [same[-1]] if len(same) > 1 else [], "subject": sent["subject"], "body": sent["body"]}
+        m = copy.deepcopy(turns)
+        m[ti][si] = ("mail_send", new, None)
+        yield f"{tool} to {intended} -> mail_send to {new['to']} cc {new['cc']}", _program(spec, m)
+
+
+def op_empty_reply(spec, turns, ref):
+    """CONTROL: every action done right, the final reply text empty. Must still pass."""
+    yield "all actions, empty replies", _program(spec, turns, replies=["" for _ in turns])
+
+
+AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
+             "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
+             "cc_someone_else": op_cc_someone_else, CONTROL: op_empty_reply}
+
+
+def test_independent_mutation_audit_of_promoted_environments(sb, promoted):
+    assert len(promoted) >= 40 and {s.capability_id for s, _ in promoted} == set(CATALOG)
+    cases, meta = [], []
+    invalid: dict[str, int] = defaultdict(int)
+    for spec, cert in promoted:
+        turns = _executed(spec, cert.reference)
+        for op, fn in AUDIT_OPS.items():
+            for desc, prog in fn(spec, turns, cert.reference):
+                traj = run_episode(spec, ProgramAgent(prog, name=f"audit:{op}"))
+                if traj.termination != "completed" or not all(s["ok"] for s in traj.steps):
+                    invalid[op] += 1  # the mistake could not even be made (a tool refused it): not applicable
+                    continue
+                cases.append((spec, traj, None))
+                meta.append((op, spec.env_id, desc))
+    grades = grade_many(sb, cases)
+    table: dict[str, dict[str, int]] = {op: {"applicable": 0, "killed": 0} for op in AUDIT_OPS}
+    survivors = []
+    for (op, env_id, desc), g in zip(meta, grades):
+        table[op]["applicable"] += 1
+        table[op]["killed"] += int(not g.passed)
+        if g.passed != (op == CONTROL):
+            survivors.append((op, env_id, desc, g.failed_items()))
+    print(f"\nIndependent audit over {len(promoted)} certified environments ({len(CATALOG)} capabilities)")
+    print(f"{'operator':30s} {'applicable':>10s} {'killed':>7s} {'kill rate':>9s} {'invalid':>8s}")
+    for op, row in table.items():
+        rate = row["killed"] / row["applicable"] if row["applicable"] else float("nan")
+        print(f"{op:30s} {row['applicable']:>10d} {row['killed']:>7d} {rate:>9.3f} {invalid[op]:>8d}")
+    scored = [row for op, row in table.items() if op != CONTROL]
+    overall = sum(r["killed"] for r in scored) / sum(r["applicable"] for r in scored)
+    print(f"{'overall (non-control)':30s} {sum(r['applicable'] for r in scored):>10d} {sum(r['killed'] for r in scored):>7d} {overall:>9.3f}")
+    for op, env_id, desc, failed in survivors:
+        print(f"  {'CONTROL FAILED' if op == CONTROL else 'survived'}: {op:26s} {env_id:34s} {desc[:110]} {failed}")
+    assert all(row["applicable"] > 0 for row in table.values()), table
+    assert table[CONTROL]["applicable"] == len(promoted) and table[CONTROL]["killed"] == 0, "graders are over-strict about reply text"
+    assert overall >= 0.9, f"independent kill rate {overall:.3f} < 0.9"
+
+
+# ---- 6. tables and splits ---------------------------------------------------------------------------------
+def _schema(df: pl.DataFrame) -> dict[str, Any]:
+    return dict(df.schema)
+
+
+def test_run_synthesis_tables_have_the_documented_schemas(backend, validator):
+    cap = CATALOG["task_from_email"]
+    seeds = [0, 1, 2, 3]
+    t = run_synthesis(cap, seeds, backend, validator)
+    assert _schema(t.drafts) == DRAFT_SCHEMA and _schema(t.repair_log) == LOG_SCHEMA
+    assert _schema(t.validated) == ENV_SCHEMA and _schema(t.rejected) == REJ_SCHEMA
+    assert t.validated.height + t.rejected.height == len(seeds)
+    assert t.drafts.height == t.repair_log.height == t.telemetry["attempts"]
+    assert t.telemetry["capability_id"] == cap.id and t.telemetry["drafts"] == len(seeds)
+    assert t.drafts["attempt_id"].n_unique() == t.drafts.height
+    assert t.repair_log.filter(pl.col("round") > 0)["changes"].list.len().min() > 0
+    for row in t.validated.iter_rows(named=True):
+        spec = EnvironmentSpec.from_json(row["spec_json"])
+        assert spec.content_hash() == row["spec_hash"] and spec.env_id == row["env_id"]
+        assert row["reference_pass"] and not row["null_pass"] and row["fault_pass"] and row["kill_rate"] == 1.0
+        assert row["capability_fingerprint"] == cap.fingerprint() and row["final_attempt_id"].endswith(f"a{row['rounds']}")
+        assert row["mutants"] == len(json.loads(row["mutants_json"])) and row["n_turns"] == len(spec.turns)
+        log = t.repair_log.filter(pl.col("attempt_id") == row["final_attempt_id"]).row(0, named=True)
+        assert log["certified"] and log["codes"] == []
+    # deterministic: the same run gives the same frames (timings aside)
+    again = run_synthesis(cap, seeds, backend, validator)
+    assert again.validated.drop("spec_json").equals(t.validated.drop("spec_json"))
+    assert again.drafts.equals(t.drafts)
+
+
+def test_tables_from_catalog_outcomes(outcomes, backend):
+    frames = [tables_from(CATALOG[cid], outs, backend) for cid, outs in outcomes.items()]
+    validated = pl.concat([f.validated for f in frames])
+    assert _schema(validated) == ENV_SCHEMA
+    assert validated["env_id"].n_unique() == validated.height >= 40
+    assert sum(f.telemetry["accepted"] for f in frames) == validated.height
+
+
+@pytest.fixture(scope="module")
+def env_frame(outcomes, backend) -> pl.DataFrame:
+    return pl.concat([tables_from(CATALOG[cid], outs, backend).validated for cid, outs in outcomes.items()]).select("env_id", "capability_id")
+
+
+def test_assign_splits_keeps_heldout_capabilities_apart(env_frame):
+    s = assign_splits(env_frame, CATALOG)
+    assert s.height == env_frame.height and set(s["split"].unique()) <= set(SPLITS)
+    held = {cid for cid, c in CATALOG.items() if c.heldout}
+    assert held
+    for row in s.iter_rows(named=True):
+        assert (row["split"] == "heldout_capability") == (row["capability_id"] in held), row
+    assert not disjointness(s)["leak"].any()
+
+
+def test_assign_splits_is_stable_when_environments_are_added(env_frame):
+    base = env_frame.filter(pl.col("env_id").str.ends_with("000000") | pl.col("env_id").str.ends_with("000001"))
+    grown = pl.concat([env_frame, pl.DataFrame({"env_id": [f"invoice_reconcile-{i:06d}" for i in range(100, 400)],
+                                                "capability_id": ["invoice_reconcile"] * 300})])
+    before = dict(assign_splits(base, CATALOG).select("env_id", "split").iter_rows())
+    after = dict(assign_splits(grown, CATALOG).select("env_id", "split").iter_rows())
+    assert before and all(after[e] == s for e, s in before.items())
+    assert assign_splits(grown, CATALOG).equals(assign_splits(grown.reverse(), CATALOG))  # order does not matter
+    counts = assign_splits(grown, CATALOG, heldout_env_fraction=0.15).filter(pl.col("capability_id") == "invoice_reconcile")["split"].value_counts()
+    frac = dict(counts.iter_rows()).get("heldout_env", 0) / counts["count"].sum()
+    assert 0.07 <= frac <= 0.25, frac
+    other_seed = assign_splits(grown, CATALOG, seed=1)
+    assert not other_seed.equals(assign_splits(grown, CATALOG))  # the split seed matters
+    with pytest.raises(KeyError, match="not in the catalog"):
+        assign_splits(pl.DataFrame({"env_id": ["x-000001"], "capability_id": ["no_such_capability"]}), CATALOG)
+
+
+def test_disjointness_flags_a_planted_leak(env_frame):
+    s = assign_splits(env_frame, CATALOG)
+    held = sorted(cid for cid, c in CATALOG.items() if c.heldout)[0]
+    leak_row = s.filter(pl.col("capability_id") == held).head(1).with_columns(split=pl.lit("train"),
+                                                                              env_id=pl.lit(f"{held}-999999"))
+    d = disjointness(pl.concat([s, leak_row]))
+    leaks = d.filter(pl.col("leak"))
+    assert leaks["capability_id"].to_list() == [held]
+    assert set(leaks["splits"][0]) == {"heldout_capability", "train"}
+    assert not d.filter(pl.col("capability_id") != held)["leak"].any()
