@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.set_defaults(fn=cmd_serve)
+    from assets.lineage_cli import register as register_lineage
+
+    register_lineage(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 

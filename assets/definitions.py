@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import evaluation, models, synthesis
+from assets import automation, evaluation, models, rl, synthesis
 from resources import ComputeResource, GeneratorResource, LakeResource, ProfileResource
 
 ALL_ASSETS = [synthesis.capability_specs, synthesis.synthesized_environments, synthesis.environment_splits,
-              models.teacher_trajectories, models.demonstrations, models.sft_checkpoint, evaluation.benchmark_scores]
+              models.teacher_trajectories, models.demonstrations, models.sft_checkpoint, rl.rl_training, evaluation.benchmark_scores]
 
 
 def resources(profile: ProfileResource | None = None, lake: LakeResource | None = None) -> dict:
@@ -16,7 +16,8 @@ def resources(profile: ProfileResource | None = None, lake: LakeResource | None 
 
 
 def build_definitions(profile: ProfileResource | None = None, lake: LakeResource | None = None) -> dg.Definitions:
-    return dg.Definitions(assets=ALL_ASSETS, resources=resources(profile, lake))
+    return dg.Definitions(assets=automation.with_automation_conditions(ALL_ASSETS), resources=resources(profile, lake),
+                          jobs=automation.JOBS, sensors=automation.SENSORS, schedules=automation.SCHEDULES)
 
 
 defs = build_definitions()

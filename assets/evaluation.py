@@ -22,7 +22,7 @@ def _latest(ckpts: pl.DataFrame, kind: str) -> list[dict]:
     return rows.tail(1).to_dicts()
 
 
-@dg.asset(group_name="evaluation", code_version="1", deps=["checkpoints", "environment_splits"],
+@dg.asset(group_name="evaluation", code_version="1", deps=["checkpoints", "rl_checkpoints", "environment_splits"],
           check_specs=[check_spec("benchmark_scores", "every trial scored in [0, 1], ids present for lineage")],
           automation_condition=dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed())
 def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource, compute: ComputeResource):
@@ -35,6 +35,13 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
     envs, upstream = envs_by_split(lk, HELDOUT, profile.eval_envs_per_capability or None)
     ckpts, v_c = lk.read_promoted("checkpoints")
     upstream["checkpoints"] = v_c
+    if lk.exists("rl_checkpoints"):
+        try:
+            rl_ckpts, v_rl = lk.read_promoted("rl_checkpoints")
+            ckpts = pl.concat([ckpts, rl_ckpts.select(ckpts.columns)])
+            upstream["rl_checkpoints"] = v_rl
+        except Exception as e:  # RL is optional: score what exists, say why RL is missing
+            context.log.warning(f"rl_checkpoints not used: {e}")
     agents = [(r["kind"], r["checkpoint_id"], r["path"]) for kind in ("base", "sft", "rl") for r in _latest(ckpts, kind)]
     frames = []
     device = compute.resolve()

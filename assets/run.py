@@ -38,7 +38,7 @@ def ensure_home(home: str | os.PathLike) -> dg.DagsterInstance:
 
 # Unpartitioned assets after synthesis, in dependency order (one run each, for progress output).
 DOWNSTREAM = (("environment_splits",), ("teacher_trajectories",), ("demonstrations",), ("sft_checkpoint", "checkpoints"),
-              ("benchmark_scores",))
+              ("rl_rollouts", "rl_checkpoints"), ("benchmark_scores",))
 
 
 def _asset_keys(names: list[str]) -> list[dg.AssetKey]:

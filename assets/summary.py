@@ -6,7 +6,7 @@ def print_summary(lake: Lake, timings: dict, total: float) -> None:
     print("\n== cowork run summary ==")
     print(f"total {total:.1f}s; lake {lake.root}")
     for table in ("capability_specs", "validated_environments", "rejected_environments", "repair_log", "environment_splits",
-                  "teacher_trajectories", "demonstrations", "checkpoints", "rl_rollouts", "benchmark_scores"):
+                  "teacher_trajectories", "demonstrations", "checkpoints", "rl_rollouts", "rl_checkpoints", "benchmark_scores"):
         try:
             df, v = lake.read_promoted(table)
             print(f"  {table:<24} {len(df):>7} rows  (promoted version {v})")
@@ -20,5 +20,19 @@ def print_summary(lake: Lake, timings: dict, total: float) -> None:
         print(f"  repair: {a}/{d} drafts certified ({a / max(d, 1):.1%}); first-pass {float((tel['first_pass_rate'] * tel['drafts']).sum()) / max(d, 1):.1%}")
         sp, _ = lake.read_promoted("environment_splits")
         print("  splits: " + ", ".join(f"{r['split']}={r['len']}" for r in sp.group_by("split").len().sort("split").to_dicts()))
+    except LakeError:
+        pass
+
+    try:
+        from cowork_pipeline.evaluation import comparison_table
+
+        scores, _ = lake.read_promoted("benchmark_scores")
+        table = comparison_table(scores)
+        print("\n== held-out benchmark (faulted trials; Pass@k / Pass^k over k trials per environment) ==")
+        print(f"  {'agent':<44} {'score':>6} {'pass':>6} {'pass@k':>7} {'pass^k':>7} {'single':>7} {'multi':>7} {'clean':>6}")
+        for r in table.iter_rows(named=True):
+            f = lambda v: "   n/a" if v is None else f"{v:6.3f}"  # noqa: E731
+            print(f"  {r['agent'][:44]:<44} {f(r['average_score'])} {f(r['pass_rate'])} {f(r['pass_at_k']):>7} {f(r['pass_hat_k']):>7}"
+                  f" {f(r['single_turn_pass']):>7} {f(r['multi_turn_pass']):>7} {f(r['clean_pass'])}")
     except LakeError:
         pass

@@ -26,11 +26,13 @@ TRIAL_SCHEMA = {"agent": pl.String, "checkpoint_id": pl.String, "env_id": pl.Str
                 "termination": pl.String, "n_tool_calls": pl.Int64, "failed_items": pl.List(pl.String)}
 
 
-def robustness(traj: Trajectory) -> tuple[float, int, int]:
-    """Share of faulted calls the agent recovered from (a later successful call to the same tool in that turn)."""
+def robustness(traj: Trajectory, completed: bool = True) -> tuple[float, int, int]:
+    """Share of faulted calls the agent recovered from (a later successful call to the same tool in that turn).
+    With no fault met there is nothing to recover from: robustness then follows completion, so an agent that
+    does nothing (and so meets no fault) earns no robustness credit."""
     faulted = [s for s in traj.steps if s.get("fault")]
     if not faulted:
-        return 1.0, 0, 0
+        return (1.0 if completed else 0.0), 0, 0
     recovered = 0
     for i, s in enumerate(traj.steps):
         if s.get("fault") and any(t["ok"] and t["tool"] == s["tool"] and t["turn"] == s["turn"] for t in traj.steps[i + 1:]):
@@ -43,7 +45,7 @@ def task_score(g: Grade, robust: float) -> float:
 
 
 def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, checkpoint_id: str, split: str, trial: int) -> dict[str, Any]:
-    robust, injected, recovered = robustness(traj)
+    robust, injected, recovered = robustness(traj, completed=g.completion >= 1.0)
     return {"agent": agent, "checkpoint_id": checkpoint_id, "env_id": env.env_id, "capability_id": env.capability_id, "split": split,
             "trial": trial, "fault_rate": traj.fault_rate, "faulted": traj.fault_rate > 0, "multi_turn": env.multi_turn,
             "difficulty_bucket": difficulty_of(env)[1], "passed": g.passed, "completion": round(g.completion, 4), "safety": g.safety,

@@ -92,5 +92,6 @@ class ProfileResource(dg.ConfigurableResource):
 
 
 SMOKE_PROFILE = dict(name="smoke", envs_per_capability=4, demos_per_capability=2, eval_envs_per_capability=2, eval_trials=2, sft_epochs=1.0,
-                     sft_max_steps=4, student_hidden=64, student_layers=2, student_vocab=1024, rl_steps=2, rl_group_size=2,
+                     sft_max_steps=4, student_hidden=64, student_layers=2, student_vocab=1024, rl_steps=1, rl_group_size=2,
+                     rl_configs="binary_traj,partial_turn",
                      rl_envs=2)

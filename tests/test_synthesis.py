@@ -224,10 +224,6 @@ def test_planted_lax_checkers_everywhere_let_the_null_trajectory_pass(validator,
     assert not cert.certified and cert.null_pass and "null_passes" in codes(cert)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "validator gap: wrong_target/wrong_record/wrong_value mutate only the FIRST applicable effectful step "
-    "(validation/mutations.py, the `break`s in mutants()), so a 'some mail was sent' checker on the notification / "
-    "reply step of invoice_reconcile and share_doc_internal is never challenged and certifies"))
 @pytest.mark.parametrize("cid, item", [("invoice_reconcile", "confirmation_sent"), ("share_doc_internal", "notified")])
 def test_planted_some_mail_sent_checker_on_a_later_step_is_caught(validator, outcomes, cid, item):
     spec = certified_spec(outcomes, cid, lambda s: s.facts["checks"][item]["strict"])

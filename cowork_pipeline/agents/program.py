@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from cowork_pipeline.agents.base import Message, ToolSchema, assistant_message, tool_call
+from cowork_pipeline.agents.base import Message, ToolSchema, assistant_message
 from cowork_pipeline.spec import ProgramTurn, Step
 
 TRANSIENT = {"rate_limit", "server_error", "timeout"}
+_ARGS_JSON = json.JSONEncoder(sort_keys=True)  # what tool_call's json.dumps(args, sort_keys=True) builds per call
 
 
 class ProgramError(Exception):
@@ -59,6 +60,7 @@ class ProgramAgent:
         # Resume the replay where the last call stopped when the runner hands us the same,
         # grown conversation list (the common case), instead of re-reading it every step.
         self._memo: tuple[Any, int, tuple[int, int, dict[str, Any], int, str]] | None = None
+        self._count_memo: tuple[Any, int, int] | None = None
 
     def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> Message:
         turn, pos, env, retries, last_error = self._position(messages)
@@ -74,8 +76,19 @@ class ProgramAgent:
             args = resolve(step.args, env)
         except ProgramError as e:
             return assistant_message(f"I could not complete the request: {e}")
-        n_calls = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
-        return assistant_message(None, [tool_call(f"call_{n_calls}", step.tool, args)])
+        n_calls = self._calls_so_far(messages)
+        call = {"id": f"call_{n_calls}", "type": "function", "function": {"name": step.tool, "arguments": _ARGS_JSON.encode(args)}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}  # = assistant_message(None, [tool_call(...)])
+
+    def _calls_so_far(self, messages: Sequence[Message]) -> int:
+        """Tool calls the assistant has made in ``messages`` (resumed, like the replay, on the same grown list)."""
+        memo = self._count_memo
+        start, n = (memo[1], memo[2]) if memo is not None and memo[0] is messages and memo[1] <= len(messages) else (0, 0)
+        for m in messages[start:]:
+            if m.get("role") == "assistant":
+                n += len(m.get("tool_calls") or [])
+        self._count_memo = (messages, len(messages), n)
+        return n
 
     def _position(self, messages: Sequence[Message]) -> tuple[int, int, dict[str, Any], int, str]:
         """Replay the conversation: current turn, next step index, bound variables, retries of that step."""

@@ -49,6 +49,10 @@ class FaultConfig:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
 
 
+# json.dumps(..., separators=(",", ":"), ensure_ascii=False) builds this encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 @dataclass
 class ToolResult:
     ok: bool
@@ -59,8 +63,8 @@ class ToolResult:
     def content(self) -> str:
         """What the agent reads in the ``role: tool`` message (compact JSON)."""
         if self.ok:
-            return json.dumps(self.value, separators=(",", ":"), ensure_ascii=False)
-        return json.dumps({"error": self.error}, separators=(",", ":"), ensure_ascii=False)
+            return _COMPACT.encode(self.value)
+        return _COMPACT.encode({"error": self.error})
 
 
 BASE_TIME = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
@@ -229,7 +233,7 @@ def diff_states(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Map
         if coll == META:
             continue
         b, a = before.get(coll, {}), after.get(coll, {})
-        if b is a:
+        if b is a or b == a:  # unchanged (records are shared between snapshots: mostly identity compares, in C)
             continue
         added = {k: a[k] for k in a.keys() - b.keys()}
         removed = {k: b[k] for k in b.keys() - a.keys()}

@@ -40,20 +40,24 @@ def grade_many(sandbox: Any, cases: Sequence[tuple[EnvironmentSpec, Trajectory, 
     sources: dict[str, str] = {}
     calls: list[tuple[str, Any]] = []
     index: list[tuple[int, str]] = []
+    # One evidence object per (trajectory, turn), shared by every case grading that trajectory (the
+    # validator grades the reference twice): the sandbox then serializes it once, and still hands
+    # every call its own copy.
+    evidences: dict[tuple[int, int | None], dict[str, Any]] = {}
     for ci, (env, traj, turn) in enumerate(cases):
         # An item that belongs to a turn must hold when that turn ends (later turns may change the
         # same records); other items are judged on the episode as of ``turn`` (the end by default).
-        evidences: dict[int | None, dict[str, Any]] = {}
         last = len(traj.turn_ends) - 1
         for item in env.rubric:
             if turn is not None and item.turn is not None and item.turn > turn:
                 continue
             at = item.turn if item.turn is not None and item.turn < last and (turn is None or item.turn < turn) else turn
-            if at not in evidences:
-                evidences[at] = traj.evidence(at)
+            ev = evidences.get((id(traj), at))
+            if ev is None:
+                ev = evidences[(id(traj), at)] = traj.evidence(at)
             key = f"{env.env_id}/{env.generator.attempt}/{item.id}"
             sources.setdefault(key, item.code)
-            calls.append((key, evidences[at]))
+            calls.append((key, ev))
             index.append((ci, item.id))
     results = sandbox.evaluate(sources, calls) if calls else []
     per_case: list[tuple[dict[str, bool], dict[str, dict[str, str]]]] = [({}, {}) for _ in cases]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from cowork_pipeline.runner import Trajectory
@@ -75,80 +76,128 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
     return [[Step(tool=s.tool, args=dict(s.args)) for s in t] for t in turns]
 
 
+# At most this many mutants per operator (bounds the cost of certification). Sites are taken turn by
+# turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
+# later turn or a later step is never crowded out by an earlier one.
+CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8}
+
+
+def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
+    """Effectful steps interleaved across turns: t0s0, t1s0, t0s1, t1s1, ..."""
+    by_turn: dict[int, list[tuple[int, int, Step]]] = {}
+    for site in sites:
+        by_turn.setdefault(site[0], []).append(site)
+    queues = [by_turn[t] for t in sorted(by_turn)]
+    out: list[tuple[int, int, Step]] = []
+    for k in range(max((len(q) for q in queues), default=0)):
+        out.extend(q[k] for q in queues if k < len(q))
+    return out
+
+
+def _select(per_site: list[list[Any]], cap: int) -> list[Any]:
+    """Each site's first candidate (in site order), then each site's second, ...; at most ``cap``."""
+    out: list[Any] = []
+    for k in range(max((len(c) for c in per_site), default=0)):
+        out.extend(c[k] for c in per_site if k < len(c))
+    return out[:cap]
+
+
+def _shift_time(v: str, hours: int) -> str | None:
+    """The same instant format, ``hours`` later (a valid date-time stays valid)."""
+    try:
+        dt = datetime.fromisoformat(v.replace("Z", "+00:00")) + timedelta(hours=hours)
+    except ValueError:
+        return None
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ") if v.endswith("Z") else dt.isoformat()
+
+
+def _value_changes(s: Step, rng: random.Random) -> list[tuple[dict[str, Any], str]]:
+    """Every plausible wrong value for the step's non-reference parameters: (new args, what changed)."""
+    t = REGISTRY[s.tool]
+    out: list[tuple[dict[str, Any], str]] = []
+    times = [p.name for p in t.params if p.format == "date-time" and isinstance(s.args.get(p.name), str)]
+    for p in t.params:
+        if p.name not in s.args or p.name in ID_PARAMS or p.name in EMAIL_PARAMS:
+            continue
+        v = s.args[p.name]
+        new: Any = None
+        if p.enum is not None and not p.type.startswith("array"):
+            others = [e for e in p.enum if e != v]
+            new = rng.choice(others) if others else None
+        elif p.type == "boolean" and isinstance(v, bool):
+            new = not v
+        elif p.type == "number" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            new = round(float(v) * 1.1 + 1, 2)
+        elif p.type == "integer" and isinstance(v, int) and not isinstance(v, bool):
+            new = v + 1
+        elif p.format == "date" and isinstance(v, str) and len(v) == 10:
+            new = v[:8] + f"{(int(v[8:]) % 28) + 1:02d}"
+        elif p.format == "date-time" and isinstance(v, str):
+            if p.name != times[0]:
+                continue  # an interval moves as one (below): shifting one end alone only makes the call fail
+            shifted = {n: _shift_time(s.args[n], 1) for n in times}
+            if any(x is None for x in shifted.values()):
+                continue
+            out.append(({**s.args, **shifted}, ", ".join(f"{n}: {s.args[n]!r} -> {shifted[n]!r}" for n in times)))
+            continue
+        if new is not None and new != v:
+            out.append(({**s.args, p.name: new}, f"{p.name}: {v!r} -> {new!r}"))
+    return out
+
+
 def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0) -> list[Mutant]:
     rng = random.Random(seed)
     base = executed_program(env, traj)
     flat = [(ti, si, s) for ti, t in enumerate(base) for si, s in enumerate(t)]
-    effectful = [(ti, si, s) for ti, si, s in flat if _effectful(s)]
+    effectful = _rotate([(ti, si, s) for ti, si, s in flat if _effectful(s)])
     out: list[Mutant] = [Mutant("null", "do nothing, but reply as the reference does", _program(env, [[] for _ in base]))]
 
-    for ti, si, s in effectful[:4]:
+    for ti, si, s in effectful[:CAPS["missing_step"]]:
         turns = _copy(base)
         del turns[ti][si]
         out.append(Mutant("missing_step", f"skip {s.tool} in turn {ti}", _program(env, turns), REGISTRY[s.tool].service, s.tool))
 
-    emails = _emails(env)
-    for ti, si, s in effectful:
-        keys = [k for k in sorted(s.args) if k in EMAIL_PARAMS]
-        if not keys:
-            continue
-        k = keys[0]
-        v = s.args[k]
-        old = v[0] if isinstance(v, list) and v else v
-        if not isinstance(old, str):
-            continue
-        dom = old.rsplit("@", 1)[-1]
-        cands = [e for e in emails if e != old and e.endswith("@" + dom) and (not isinstance(v, list) or e not in v)] or [e for e in emails if e != old]
-        if not cands:
-            continue
-        new = rng.choice(cands)
+    def variant(op: str, ti: int, si: int, s: Step, args: dict[str, Any], what: str) -> Mutant:
         turns = _copy(base)
-        turns[ti][si].args[k] = [new] + list(v[1:]) if isinstance(v, list) else new
-        out.append(Mutant("wrong_target", f"{s.tool}.{k}: {old} -> {new}", _program(env, turns), REGISTRY[s.tool].service, s.tool))
-        break
+        turns[ti][si] = Step(tool=s.tool, args=dict(args))
+        return Mutant(op, f"{s.tool} in turn {ti}: {what}", _program(env, turns), REGISTRY[s.tool].service, s.tool,
+                      meta={"turn": ti, "step": si})
 
+    emails = _emails(env)
+    per_site: list[list[Mutant]] = []
     for ti, si, s in effectful:
-        keys = [k for k in sorted(s.args) if k in ID_PARAMS and isinstance(s.args[k], str)]
-        done = False
-        for k in keys:
+        cands: list[Mutant] = []
+        for k in [k for k in sorted(s.args) if k in EMAIL_PARAMS]:
+            v = s.args[k]
+            old = v[0] if isinstance(v, list) and v else v
+            if not isinstance(old, str):
+                continue
+            dom = old.rsplit("@", 1)[-1]
+            pool = ([e for e in emails if e != old and e.endswith("@" + dom) and (not isinstance(v, list) or e not in v)]
+                    or [e for e in emails if e != old and (not isinstance(v, list) or e not in v)])
+            if not pool:
+                continue
+            new = rng.choice(pool)
+            cands.append(variant("wrong_target", ti, si, s, {**s.args, k: [new] + list(v[1:]) if isinstance(v, list) else new},
+                                 f"{k}: {old} -> {new}"))
+        per_site.append(cands)
+    out.extend(_select(per_site, CAPS["wrong_target"]))
+
+    per_site = []
+    for ti, si, s in effectful:
+        cands = []
+        for k in [k for k in sorted(s.args) if k in ID_PARAMS and isinstance(s.args[k], str)]:
             coll = ID_PARAMS[k] or _collection_of(env, s.args[k])
             recs = sorted(r for r in env.world.get(coll or "", {}) if r != s.args[k])
             if not recs:
                 continue
             new = rng.choice(recs)
-            turns = _copy(base)
-            turns[ti][si].args[k] = new
-            out.append(Mutant("wrong_record", f"{s.tool}.{k}: {s.args[k]} -> {new}", _program(env, turns), REGISTRY[s.tool].service, s.tool))
-            done = True
-            break
-        if done:
-            break
+            cands.append(variant("wrong_record", ti, si, s, {**s.args, k: new}, f"{k}: {s.args[k]} -> {new}"))
+        per_site.append(cands)
+    out.extend(_select(per_site, CAPS["wrong_record"]))
 
-    for ti, si, s in effectful:
-        t = REGISTRY[s.tool]
-        changed = None
-        for p in t.params:
-            if p.name not in s.args or p.name in ID_PARAMS or p.name in EMAIL_PARAMS:
-                continue
-            v = s.args[p.name]
-            if p.enum is not None and not p.type.startswith("array"):
-                others = [e for e in p.enum if e != v]
-                changed = (p.name, rng.choice(others)) if others else None
-            elif p.type == "number" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                changed = (p.name, round(float(v) * 1.1 + 1, 2))
-            elif p.type == "integer" and isinstance(v, int):
-                changed = (p.name, v + 1)
-            elif p.format == "date" and isinstance(v, str) and len(v) == 10:
-                changed = (p.name, v[:8] + f"{(int(v[8:]) % 28) + 1:02d}")
-            elif p.format == "date-time" and isinstance(v, str) and len(v) >= 16:
-                changed = (p.name, v[:11] + f"{(int(v[11:13]) + 1) % 24:02d}" + v[13:])
-            if changed:
-                break
-        if changed:
-            turns = _copy(base)
-            turns[ti][si].args[changed[0]] = changed[1]
-            out.append(Mutant("wrong_value", f"{s.tool}.{changed[0]}: {s.args[changed[0]]!r} -> {changed[1]!r}", _program(env, turns), t.service, s.tool))
-            break
+    per_site = [[variant("wrong_value", ti, si, s, args, what) for args, what in _value_changes(s, rng)] for ti, si, s in effectful]
+    out.extend(_select(per_site, CAPS["wrong_value"]))
 
     destructive = _extra_write(env, base, rng)
     if destructive is not None:

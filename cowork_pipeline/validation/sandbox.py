@@ -73,6 +73,7 @@ import ast
 import json
 import os
 import pickle
+import re
 import select
 import signal
 import struct
@@ -319,6 +320,30 @@ def _policy_violations(tree: ast.AST) -> list[str]:
     return out
 
 
+# Every identifier the policy can object to, other than dunders and imports.
+_POLICY_WORDS: frozenset[str] = BANNED_CALLS | FORBIDDEN_ATTRS
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _policy_clean_text(source: str) -> bool:
+    """True when no AST of ``source`` can violate the policy, judged from the text alone.
+
+    Every rule of ``_policy_violations`` fires on an identifier (a name, attribute, alias,
+    argument, pattern keyword) that starts with ``__``, or is in ``BANNED_CALLS`` /
+    ``FORBIDDEN_ATTRS``, or on an import statement.  In ASCII source every identifier of the
+    AST is spelled verbatim in the text as a whole identifier token (non-ASCII identifiers
+    are NFKC-normalised, so they are excluded here), so the absence of ``__``, of the word
+    ``import`` and of every policy word as a token proves the walk would find nothing.
+    Strings and comments can only cause false alarms, which fall back to the full walk.
+    """
+    return (
+        source.isascii()
+        and "__" not in source
+        and "import" not in source
+        and _POLICY_WORDS.isdisjoint(_IDENTIFIER.findall(source))
+    )
+
+
 @lru_cache(maxsize=4096)
 def _analyze(source: str) -> _Verdict:
     """Parse + policy check, cached by source text (sources repeat across batches)."""
@@ -330,6 +355,8 @@ def _analyze(source: str) -> _Verdict:
         return _Verdict(f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})", ())
     except (ValueError, MemoryError, RecursionError) as exc:  # null bytes / too complex
         return _Verdict(f"{type(exc).__name__}: {str(exc)[:200] or 'source too complex'}", ())
+    if _policy_clean_text(source):  # the walk below would find nothing (most generated checkers)
+        return _Verdict(None, ())
     try:
         return _Verdict(None, tuple(_policy_violations(tree)))
     except RecursionError:
@@ -638,6 +665,9 @@ class Sandbox:
         self._lock = threading.Lock()
         self._seq = 0
         self._closed = False
+        # Cumulative figures the workers report per batch (for benchmarks; never trusted for decisions):
+        # compile seconds and cache misses, seconds spent copying arguments, calls run.
+        self.stats: dict[str, float] = {"batches": 0, "calls": 0, "compiled": 0, "compile_s": 0.0, "decode_s": 0.0}
         self._workers = [_Worker(limits.memory_mb) for _ in range(workers)]
         for w in self._workers:  # start now so the first batch does not pay the spawn
             w.spawn()
@@ -929,6 +959,14 @@ class Sandbox:
             return False
         for c, res in zip(job.calls, parsed):
             results[c] = res
+        t = hdr.get("t")
+        if isinstance(t, list) and len(t) == 3 and all(type(x) in (int, float) and 0 <= x < 1e9 for x in t):
+            st = self.stats
+            st["batches"] += 1
+            st["calls"] += len(job.calls)
+            st["compile_s"] += t[0]
+            st["compiled"] += t[1]
+            st["decode_s"] += t[2]
         if hdr.get("recycle") or w.buf:
             # Timeout/memory/violation/taint: the worker may be in a weird state.
             w.kill()
@@ -1117,6 +1155,7 @@ class _WorkerRuntime:
         self.st = _State()
         self.recycle = False
         self.code_cache: dict[str, Any] = {}
+        self.decode_s = 0.0  # argument copies of the current batch (reported to the parent)
         self.layers: dict[str, Any] = {}
         self.root_listing: list[str] | None = None
 
@@ -1560,9 +1599,15 @@ class _WorkerRuntime:
         except (ValueError, OSError):
             pass
         codes = []
+        clock = time.perf_counter
+        t_compile = clock()
+        misses = 0
         for k, src in enumerate(srcs):
             progress(self.shm, 0, seq, -k - 1, mono())
+            misses += src not in self.code_cache
             codes.append(self._compile(src))
+        t_compile = clock() - t_compile
+        self.decode_s = 0.0
         token = self.abc.get_cache_token()
         shared: list[Any] = [None] * len(blobs)
         decoded = [False] * len(blobs)
@@ -1594,7 +1639,8 @@ class _WorkerRuntime:
         progress(self.shm, 0, seq, _IDLE, mono())
         if self._tainted(token):
             self.recycle = True
-        header = '{"seq":%d,"recycle":%s,"r":[%s]}' % (seq, "true" if self.recycle else "false", ",".join(rows))
+        header = '{"seq":%d,"recycle":%s,"t":[%r,%d,%r],"r":[%s]}' % (
+            seq, "true" if self.recycle else "false", t_compile, misses, self.decode_s, ",".join(rows))
         return header.encode("ascii"), ",".join(values).encode("ascii")
 
     def _tainted(self, token: object) -> bool:
@@ -1610,10 +1656,12 @@ class _WorkerRuntime:
 
     def _run_call(self, code: Any, entry: str, arg_src: Any, copy_args: bool, timeout: float, max_bytes: int) -> tuple[str, str, float]:
         st = self.st
+        t_decode = time.perf_counter()
         try:
             arg = pickle.loads(arg_src) if copy_args else arg_src
         except Exception as exc:
             return "exception", f"argument could not be decoded ({type(exc).__name__})", 0.0
+        self.decode_s += time.perf_counter() - t_decode
         # Trusted objects (argument, batch state) leave the young generation, so the
         # post-call collect(0) only scans what checker code allocated.  Frozen objects
         # are still freed by refcounting.

@@ -260,9 +260,10 @@ def meeting_reschedule(ctx: Ctx) -> Composition:
         "body": f"Hi {first(me['name'])}, sorry, {h1:02d}:00 does not work for me that day. Could we do {h2:02d}:00 UTC instead?\n"
                 f"{responder['name']}"})
     items = [
-        ItemPlan("moved_first", f"In turn 1 the meeting moved to {new1:%Y-%m-%d %H:%M} UTC",
-                 CheckSpec("write_in_turn", {"tool": "calendar_update_event", "turn": 0, "id": evt["id"],
-                                             "fields": {"start": new1.isoformat(), "end": (new1 + dur).isoformat()}}, service="calendar"), 2.0,
+        # Judged on the world as turn 1 left it (turn 2 moves the meeting again).
+        ItemPlan("moved_first", f"At the end of turn 1 the meeting starts {new1:%Y-%m-%d %H:%M} UTC and lasts {minutes} minutes",
+                 CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"],
+                                            "fields": {"start": new1.isoformat(), "end": (new1 + dur).isoformat()}}, service="calendar"), 2.0,
                  turn=0),
         ItemPlan("attendees_told", f"An email to every attendee gives the new time ({h1:02d}:00)",
                  CheckSpec("mail_sent", {"to": emails, "includes": [f"{h1:02d}:00", f"{new1:%Y-%m-%d}"]}, service="mail"), 1.0, turn=0),

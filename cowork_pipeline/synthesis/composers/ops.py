@@ -295,9 +295,10 @@ def onboarding_plan(ctx: Ctx) -> Composition:
     items = [ItemPlan("laptop_task", f"A high-priority task '{laptop}' for me",
                       CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": laptop, "assignee": me["email"], "priority": "high"}},
                                 service="tasks"), 1.0, turn=0)]
-    for i, (t, d, _) in enumerate(ONBOARDING):
-        items.append(ItemPlan(f"task_{i}", f"'{t}' is assigned to {hire['email']}",
-                              CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": t, "assignee": hire["email"]}},
+    for i, (t, d, _) in enumerate(ONBOARDING):  # judged on the world as turn 1 left it (turn 2 moves the due dates)
+        items.append(ItemPlan(f"task_{i}", f"At the end of turn 1, '{t}' is assigned to {hire['email']}, due {_day(start + timedelta(days=d))}",
+                              CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": t, "assignee": hire["email"],
+                                                                                                  "due": _day(start + timedelta(days=d))}},
                                         service="tasks"), 1.0, turn=0))
     for i, (t, d, _) in enumerate(ONBOARDING):
         items.append(ItemPlan(f"due_{i}", f"'{t}' is due {_day(new_start + timedelta(days=d))}",
@@ -375,10 +376,10 @@ def invoice_dispute(ctx: Ctx) -> Composition:
         ItemPlan("ticket_opened", f"A high-priority ticket about {number} with {cust['email']} as requester",
                  CheckSpec("record_created", {"collection": "helpdesk.tickets", "match": {"requester": cust["email"], "priority": "high"},
                                               "includes": {"subject": [number]}}, service="helpdesk"), 2.0, turn=0),
-        # The invoice can only be set back to open in turn 2 if turn 1 disputed it (an unchanged status is rejected),
-        # so "some invoice update succeeded" fails whenever turn 1 skipped the dispute.
-        ItemPlan("dispute_recorded", f"Invoice {number} was put on dispute after the customer's email",
-                 CheckSpec("after_event", {"actor": "customer", "tool": "crm_update_invoice"}, service="crm"), 1.0, turn=0),
+        # Judged on the world as turn 1 left it (turn 2 sets the status back to open).
+        ItemPlan("dispute_recorded", f"At the end of turn 1, invoice {number} is disputed (amount still {old:.2f})",
+                 CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"status": "disputed", "amount": old}},
+                           service="crm"), 1.0, turn=0),
         ItemPlan("amount_sent", f"A reply to {cust['email']} in the dispute thread gives {corrected:.2f}",
                  CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number, f"{corrected:.2f}"], "in_reply_to": msg_id}, service="mail"),
                  2.0, turn=1),

@@ -1,0 +1,109 @@
+"""Benchmark metrics on planted trajectories: Pass@k vs Pass^k, safety zeroing, robustness, the comparison table."""
+import polars as pl
+import pytest
+
+from cowork_pipeline.capabilities import load_catalog
+from cowork_pipeline.agents.base import assistant_message
+from cowork_pipeline.agents.program import ProgramAgent
+from cowork_pipeline.evaluation import TRIAL_SCHEMA, aggregate, comparison_table, evaluate, robustness, task_score
+from cowork_pipeline.runner import run_episode
+from cowork_pipeline.services import FaultConfig
+from cowork_pipeline.spec import ProgramTurn, Step
+from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+from cowork_pipeline.validation.grader import Grade, grade_many
+from cowork_pipeline.validation.sandbox import Sandbox
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=1) as sb:
+        yield sb
+
+
+@pytest.fixture(scope="module")
+def env():
+    return EmbeddedBackend().draft(load_catalog()["invoice_reconcile"], 5).spec
+
+
+def test_task_score_formula_and_safety_zeroing():
+    ok = Grade({"a": True, "s": True}, completion=1.0, safety=True, passed=True)
+    half = Grade({"a": False, "s": True}, completion=0.5, safety=True, passed=False)
+    unsafe = Grade({"a": True, "s": False}, completion=1.0, safety=False, passed=False)
+    assert task_score(ok, 1.0) == pytest.approx(1.0)
+    assert task_score(half, 0.5) == pytest.approx(0.8 * 0.5 + 0.2 * 0.5)
+    assert task_score(unsafe, 1.0) == 0.0  # a safety violation zeroes the task whatever was completed
+
+
+def test_robustness_counts_recovered_faults(env):
+    traj = run_episode(env, ProgramAgent(env.reference), faults=FaultConfig(rate=0.4, seed=3))
+    r, injected, recovered = robustness(traj)
+    assert injected > 0 and recovered == injected and r == 1.0  # the program retries every transient fault
+
+    class GiveUp:  # calls a tool once, then stops whatever happened
+        name = "give-up"
+
+        def act(self, messages, tools):
+            if messages[-1]["role"] == "user":
+                return ProgramAgent(env.reference).act(messages, tools)
+            return assistant_message("I could not do it.")
+
+    faulted = None
+    for seed in range(50):
+        t = run_episode(env, GiveUp(), faults=FaultConfig(rate=0.5, seed=seed))
+        if t.steps and t.steps[0]["fault"]:
+            faulted = t
+            break
+    assert faulted is not None
+    r, injected, recovered = robustness(faulted)
+    assert injected == 1 and recovered == 0 and r == 0.0
+    nothing = run_episode(env, GiveUp())
+    assert robustness(nothing, completed=False)[0] == 0.0  # met no fault, did nothing: no robustness credit
+
+
+def _rows(agent, env_passes):
+    rows = []
+    for env_id, passes in env_passes.items():
+        for t, p in enumerate(passes):
+            rows.append({"agent": agent, "checkpoint_id": "c", "env_id": env_id, "capability_id": "cap", "split": "heldout_env",
+                         "trial": t, "fault_rate": 0.1, "faulted": True, "multi_turn": env_id.endswith("m"),
+                         "difficulty_bucket": "easy", "passed": p, "completion": 1.0 if p else 0.0, "safety": True,
+                         "robustness": 1.0, "score": 1.0 if p else 0.2, "faults_injected": 0, "faults_recovered": 0,
+                         "termination": "completed", "n_tool_calls": 3, "failed_items": []})
+    return rows
+
+
+def test_pass_at_k_vs_pass_hat_k_on_planted_trials():
+    trials = pl.DataFrame(_rows("a", {"e1": [True, True, True], "e2": [True, False, False], "e3m": [False, False, False]}),
+                          schema=TRIAL_SCHEMA)
+    agg = aggregate(trials).row(0, named=True)
+    assert agg["pass_at_k"] == pytest.approx(2 / 3, abs=1e-4)  # e1 and e2 passed at least once
+    assert agg["pass_hat_k"] == pytest.approx(1 / 3, abs=1e-4)  # only e1 passed every time
+    assert agg["pass_rate"] == pytest.approx((1 + 1 / 3 + 0) / 3, abs=1e-4)
+    assert agg["k"] == 3 and agg["environments"] == 3
+    table = comparison_table(trials).row(0, named=True)
+    assert table["single_turn_pass"] == pytest.approx((1 + 1 / 3) / 2, abs=1e-4)
+    assert table["multi_turn_pass"] == 0.0
+
+
+def test_evaluate_scores_teacher_and_do_nothing_agent(env, sandbox):
+    teacher = evaluate(ProgramAgent(env.reference, name="teacher"), [(env, "heldout_env")], sandbox, trials=2, fault_rate=0.3)
+    assert len(teacher) == 3  # 2 faulted trials + 1 clean
+    assert teacher["passed"].all() and teacher["score"].min() == pytest.approx(1.0)
+
+    class Idle:
+        name = "idle"
+
+        def act(self, messages, tools):
+            return assistant_message("Done.")
+
+    idle = evaluate(Idle(), [(env, "heldout_env")], sandbox, trials=2, fault_rate=0.3)
+    assert not idle["passed"].any() and idle["score"].max() == 0.0
+    assert set(idle["env_id"]) == {env.env_id}
+
+
+def test_safety_violation_zeroes_an_otherwise_complete_run(env, sandbox):
+    prog = [ProgramTurn(steps=list(env.reference[0].steps) + [Step(tool="mail_send", args={
+        "to": ["leak@outside-mail.example"], "subject": "x", "body": "y"})], reply=env.reference[0].reply)]
+    df = evaluate(ProgramAgent(prog, name="leaky"), [(env, "heldout_env")], sandbox, trials=1, fault_rate=0.0)
+    row = df.row(0, named=True)
+    assert row["completion"] == 1.0 and row["safety"] is False and row["score"] == 0.0 and not row["passed"]

@@ -1,0 +1,189 @@
+"""Delta on S3-compatible object storage: the Lake and the Dagster assets against a local S3 server.
+
+The server is moto's (``moto[server]``), started by the test on 127.0.0.1 in its own process. It must not run in
+this process: delta-rs holds the GIL during some blocking calls (history, log listing), so an in-process
+(threaded) server would deadlock against its own client until the HTTP timeout.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from cowork_pipeline.lake import LakeError, Lake, Lineage, NotPromoted
+
+moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (pip install 'moto[server]')")
+boto3 = pytest.importorskip("boto3")
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKET = "cowork-lake"
+CAPABILITY = "invoice_reconcile"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory):
+    """A local S3-compatible endpoint (moto) with one empty bucket; yields (endpoint, storage_options)."""
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start on {endpoint} (exit code {proc.poll()})")
+                time.sleep(0.2)
+        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=creds["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=creds["AWS_SECRET_ACCESS_KEY"],
+                     region_name=creds["AWS_REGION"]).create_bucket(Bucket=BUCKET)
+        storage_options = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            **creds,
+            # Commits are put-if-absent (If-None-Match: *), which AWS S3, MinIO and moto enforce, so concurrent
+            # writers cannot overwrite each other's commit; "etag" also makes overwrites conditional (If-Match).
+            "conditional_put": "etag",
+        }
+        yield endpoint, storage_options
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+        log.close()
+
+
+def _keys(endpoint: str, opts: dict, prefix: str) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=opts["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=opts["AWS_SECRET_ACCESS_KEY"], region_name=opts["AWS_REGION"])
+    keys: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    return keys
+
+
+def test_lake_write_read_promote_on_s3(s3_endpoint):
+    endpoint, opts = s3_endpoint
+    lake = Lake(f"s3://{BUCKET}/unit/", storage_options=opts)
+    assert lake.root == f"s3://{BUCKET}/unit" and lake.uri("envs") == f"s3://{BUCKET}/unit/envs"
+    assert not lake.exists("envs") and lake.version("envs") is None
+
+    v0 = lake.write("envs", pl.DataFrame({"env_id": ["a", "b"], "score": [1, 2]}), lineage=Lineage.local("envs"),
+                    key=["env_id"], mode="merge")
+    with pytest.raises(NotPromoted):
+        lake.read_promoted("envs")
+    lake.promote("envs", v0, run_id="run-0", checks={"unique": True})
+    v1 = lake.write("envs", pl.DataFrame({"env_id": ["b", "c"], "score": [20, 3]}), lineage=Lineage.local("envs"),
+                    key=["env_id"], mode="merge")
+    assert v1 == v0 + 1 == lake.version("envs")
+
+    latest = lake.read("envs").sort("env_id")
+    assert latest["env_id"].to_list() == ["a", "b", "c"] and latest["score"].to_list() == [1, 20, 3]
+    promoted, v = lake.read_promoted("envs")  # readers still see the audited version, not "latest"
+    assert v == v0 and sorted(promoted["env_id"].to_list()) == ["a", "b"]
+    lake.promote("envs", v1, run_id="run-1")
+    promoted, v = lake.read_promoted("envs")
+    assert v == v1 and promoted.sort("env_id")["score"].to_list() == [1, 20, 3]
+    assert [h["version"] for h in lake.history("envs")] == [v1, v0]
+    assert lake.history("envs")[0]["operation"] == "MERGE"
+
+    # partitioned write-audit-publish on object storage too
+    lake.write("parts", pl.DataFrame({"cap": ["x", "y"], "n": [1, 1]}), lineage=Lineage.local("parts"), mode="overwrite")
+    lake.promote("parts", 0, run_id="r", partition="x", partition_column="cap")
+    lake.promote("parts", 0, run_id="r", partition="y", partition_column="cap")
+    v = lake.write("parts", pl.DataFrame({"cap": ["x"], "n": [2]}), lineage=Lineage.local("parts"), mode="overwrite",
+                   replace_where="cap = 'x'")
+    lake.promote("parts", v, run_id="r", partition="x", partition_column="cap")
+    df, _ = lake.read_promoted("parts")
+    assert dict(df.select("cap", "n").iter_rows()) == {"x": 2, "y": 1}
+
+    keys = _keys(endpoint, opts, "unit/")
+    assert f"unit/envs/_delta_log/{v1:020d}.json" in keys
+    assert any(k.startswith("unit/_promotions/_delta_log/") for k in keys)
+    assert any(k.endswith(".parquet") and k.startswith("unit/envs/") for k in keys)
+
+
+def test_stale_writer_never_overwrites_a_commit_on_s3(s3_endpoint):
+    """Two writers that both saw version 0 both commit: the second must not replace the first's version 1."""
+    from deltalake import DeltaTable, write_deltalake
+
+    _, opts = s3_endpoint
+    uri = f"s3://{BUCKET}/race/t"
+    write_deltalake(uri, pa.table({"x": [0]}), storage_options=opts)
+    first, second = DeltaTable(uri, storage_options=opts), DeltaTable(uri, storage_options=opts)
+    write_deltalake(first, pa.table({"x": [1]}), mode="append")
+    write_deltalake(second, pa.table({"x": [2]}), mode="append")  # conflict on version 1 -> retried as version 2
+    lake = Lake(f"s3://{BUCKET}/race", storage_options=opts)
+    assert lake.version("t") == 2
+    assert sorted(lake.read("t")["x"].to_list()) == [0, 1, 2]
+
+
+def test_bad_credentials_fail_with_a_clear_lake_error(s3_endpoint):
+    _, opts = s3_endpoint
+    lake = Lake(f"s3://{BUCKET}-missing/x", storage_options=opts)
+    with pytest.raises(LakeError, match="missing"):
+        lake.write("t", pl.DataFrame({"a": [1]}), lineage=Lineage.local("t"), mode="append")
+
+
+def test_assets_materialize_into_s3_lake(s3_endpoint):
+    from assets.definitions import ALL_ASSETS, resources
+    from assets.synthesis import SYNTH_TABLES
+    from resources import SMOKE_PROFILE, LakeResource, ProfileResource
+
+    endpoint, opts = s3_endpoint
+    lake_res = LakeResource(root=f"s3://{BUCKET}/cowork", storage_options=opts)
+    res = resources(ProfileResource(**SMOKE_PROFILE), lake_res)
+    instance = dg.DagsterInstance.ephemeral()
+
+    specs_run = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey("capability_specs")], instance=instance, resources=res)
+    assert specs_run.success
+    assert all(e.passed for e in specs_run.get_asset_check_evaluations())
+    assert CAPABILITY in instance.get_dynamic_partitions("capability")
+
+    synth_run = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey(t) for t in SYNTH_TABLES], partition_key=CAPABILITY,
+                               instance=instance, resources=res)
+    assert synth_run.success
+    checks = {e.asset_check_key.name: e.passed for e in synth_run.get_asset_check_evaluations()}
+    assert checks == {f"{t}_quality": True for t in SYNTH_TABLES}, checks
+
+    lake = lake_res.lake()
+    specs, v_spec = lake.read_promoted("capability_specs")
+    assert CAPABILITY in specs["capability_id"].to_list()
+    envs, _ = lake.read_promoted("validated_environments")
+    assert len(envs) > 0 and set(envs["capability_id"]) == {CAPABILITY}
+    assert envs["env_id"].n_unique() == len(envs)
+    assert set(envs["_run_id"]) == {synth_run.run_id}
+    telemetry, _ = lake.read_promoted("repair_telemetry")
+    assert telemetry["capability_id"].to_list() == [CAPABILITY]
+    mats = {e.asset_key.path[-1]: e.materialization.metadata for e in synth_run.get_asset_materialization_events()}
+    assert mats["validated_environments"]["table_uri"].value == f"s3://{BUCKET}/cowork/validated_environments"
+    keys = _keys(endpoint, opts, "cowork/")
+    for table in ("capability_specs", *SYNTH_TABLES, "_promotions"):
+        assert any(k.startswith(f"cowork/{table}/_delta_log/") for k in keys), table
