@@ -61,7 +61,7 @@ capability_specs_job = dg.define_asset_job(
     "capability_specs_job", selection=dg.AssetSelection.assets("capability_specs"),
     description="Re-read the capability catalog into capability_specs (adds a partition per new capability).")
 synthesis_job = dg.define_asset_job(
-    "synthesize_capability", selection=dg.AssetSelection.assets(*SYNTH_TABLES), partitions_def=capability_partitions,
+    "synthesize_capability", selection=dg.AssetSelection.assets(*SYNTH_TABLES),  # partitioned like its assets
     description="Draft, certify and repair one capability's environments (one partition).")
 
 
@@ -137,16 +137,18 @@ def partition_states(lake: Lake) -> dict[str, PartitionState]:
 class CatalogCursor:
     fingerprints: dict[str, str] = field(default_factory=dict)  # last seen on disk
     pending: dict[str, str] = field(default_factory=dict)  # capability -> fingerprint still to synthesize
+    specs_requested: str = ""  # digest of the catalog a capability_specs run was last requested for
 
     @classmethod
     def parse(cls, text: str | None) -> "CatalogCursor | None":
         if not text:
             return None
         data = json.loads(text)
-        return cls(dict(data.get("fingerprints", {})), dict(data.get("pending", {})))
+        return cls(dict(data.get("fingerprints", {})), dict(data.get("pending", {})), str(data.get("specs_requested", "")))
 
     def dumps(self) -> str:
-        return json.dumps({"fingerprints": self.fingerprints, "pending": self.pending}, sort_keys=True)
+        return json.dumps({"fingerprints": self.fingerprints, "pending": self.pending,
+                           "specs_requested": self.specs_requested}, sort_keys=True)
 
 
 @dataclass
@@ -156,7 +158,7 @@ class CatalogTick:
     cursor: CatalogCursor
     changed: dict[str, str]  # capability -> new fingerprint (new files included)
     new_partitions: list[str]
-    refresh_specs: bool  # a pending fingerprint is not in the promoted capability_specs yet
+    refresh_specs: bool  # request a capability_specs run: a pending fingerprint is not promoted yet (asked once per content)
     synthesize: dict[str, str]  # partition -> fingerprint, ready to run now
     removed: list[str]
 
@@ -189,13 +191,16 @@ def catalog_tick(cursor: CatalogCursor | None, on_disk: Mapping[str, str], *, ex
     for cap in list(pending):
         if published.get(cap) == pending[cap] and cap not in busy:
             del pending[cap]  # requested now, or already up to date
+    # Ask for a capability_specs run once per catalog content (a failed one is retried when a file changes again).
+    digest = catalog_digest(on_disk)
+    refresh = any(published.get(c) != fp for c, fp in pending.items()) and cursor.specs_requested != digest
     return CatalogTick(
-        cursor=CatalogCursor(dict(on_disk), pending), changed=changed,
+        cursor=CatalogCursor(dict(on_disk), pending, digest if refresh else cursor.specs_requested), changed=changed,
         new_partitions=sorted(c for c in on_disk if c not in existing and (c in changed or c in pending)),
-        refresh_specs=any(published.get(c) != fp for c, fp in pending.items()), synthesize=synthesize, removed=removed)
+        refresh_specs=refresh, synthesize=synthesize, removed=removed)
 
 
-def _digest(fps: Mapping[str, str]) -> str:
+def catalog_digest(fps: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(dict(sorted(fps.items()))).encode()).hexdigest()[:12]
 
 
@@ -220,7 +225,7 @@ def capability_catalog_sensor(context: dg.SensorEvaluationContext, profile: Prof
                         in_flight=_in_flight_partitions(context.instance))
     requests: list[dg.RunRequest] = []
     if tick.refresh_specs:
-        requests.append(dg.RunRequest(job_name=capability_specs_job.name, run_key=f"capability_specs:{_digest(on_disk)}",
+        requests.append(dg.RunRequest(job_name=capability_specs_job.name, run_key=f"capability_specs:{tick.cursor.specs_requested}",
                                       tags={"cowork/trigger": "capability_catalog_sensor",
                                             "cowork/changed": ",".join(sorted(tick.cursor.pending))[:200]}))
     for cap, fp in tick.synthesize.items():

@@ -30,7 +30,7 @@ def default_lake(args: argparse.Namespace) -> str:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from cowork_pipeline.lake import Lake
-    from cowork_pipeline.lineage import LineageError, trace
+    from cowork_pipeline.lineage import LineageError, trace, trace_json
 
     root = default_lake(args)
     if "://" not in root and not Path(root).is_dir():
@@ -38,15 +38,13 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         return EXIT_UNKNOWN
     lake = Lake(root)
     try:
-        node = trace(lake, args.id, max_items=args.max_items)
+        if args.json:
+            print(json.dumps(trace_json(lake, args.id, max_items=args.max_items), indent=2, ensure_ascii=False, default=str))
+        else:
+            print(trace(lake, args.id, max_items=args.max_items).render())
     except LineageError as e:
         print(f"cowork lineage: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
-    if args.json:
-        print(json.dumps({"query": args.id, "lake": lake.root, "resolved": {"kind": node.kind, "id": node.id},
-                          "tree": node.to_dict()}, indent=2, ensure_ascii=False, default=str))
-    else:
-        print(node.render())
     return 0
 
 

@@ -32,7 +32,12 @@ def envs_by_split(lake: Lake, splits: tuple[str, ...], per_capability: int | Non
     df = envs.join(sp.select("env_id", "split"), on="env_id").filter(pl.col("split").is_in(list(splits))).sort("env_id")
     if per_capability:
         df = df.group_by("capability_id", "split", maintain_order=True).head(per_capability).sort("env_id")
-    out = [(EnvironmentSpec.from_json(s), split) for s, split in df.select("spec_json", "split").iter_rows()]
+    out = []
+    for env_id, spec_json, split in df.select("env_id", "spec_json", "split").iter_rows():
+        try:
+            out.append((EnvironmentSpec.from_json(spec_json), split))
+        except ValueError as e:  # pydantic ValidationError is a ValueError
+            raise ValueError(f"validated_environments@{v_env}: environment {env_id} has an invalid spec_json: {e}") from e
     return out, {"validated_environments": v_env, "environment_splits": v_sp}
 
 

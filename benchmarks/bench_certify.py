@@ -22,8 +22,9 @@ Reported per certified environment:
 
 * ``ms/env/core (cpu)``: CPU seconds of every process involved (parents + sandbox workers) / certified.
   This is the per-core cost; it is robust to other jobs sharing the machine.
-* ``ms/env/core (wall)``: wall time x cores used / certified, cores used = W x (1 + sandbox workers)
-  capped at the machine's cores: a pessimistic bound (the sandbox worker idles while episodes run).
+* ``ms/env/core (wall)``: wall time x cores used / certified, cores used = W: ``certify_many`` is synchronous,
+  so a process and its sandbox worker take turns on one core (the parent waits while the worker grades).
+  Only meaningful on an otherwise idle machine; the CPU figure is the one to compare across runs.
 * the ratio of certification to drafting alone (CPU), and a breakdown per drafted environment: episodes,
   mutant generation, evidence building, sandbox parent side (argument serialization, IPC, result decoding),
   worker compile, worker argument copies, worker checker calls, and the rest (structural checks, verdicts).
@@ -254,7 +255,7 @@ def main() -> None:
                      "probe": shares[0]["probe"]})
 
     n = args.envs
-    cores = min(os.cpu_count() or 1, args.workers * 2)
+    cores = args.workers
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
     cert = statistics.median(r["certified"] for r in rows)
     per_cpu = [r["cpu"] / max(1, r["certified"]) * 1e3 for r in rows]
@@ -320,7 +321,8 @@ def main() -> None:
         print(json.dumps({"envs": n, "workers": args.workers, "certified": cert, "ms_per_certified_env_core_cpu": statistics.median(per_cpu),
                           "ms_per_certified_env_core_wall": statistics.median(per_wall), "draft_ms_per_env": statistics.median(draft_ms),
                           "cert_ms_per_env": med("cpu") / n * 1e3, "parent_ms_per_env": med("cpu_parent") / n * 1e3,
-                          "worker_ms_per_env": med("cpu_worker") / n * 1e3, "ratio_vs_drafting": med("cpu") / med("draft_cpu")}))
+                          "worker_ms_per_env": med("cpu_worker") / n * 1e3, "ratio_vs_drafting": med("cpu") / med("draft_cpu"),
+                          "fingerprints": [r["fingerprint"] for r in rows]}))
 
 
 if __name__ == "__main__":

@@ -60,12 +60,17 @@ def build_default_student(out: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", type=Path)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (0 = torch default); 1 is steadier on an oversubscribed machine")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2, help="best-of-N wall time per method (shared CPUs are noisy)")
     args = ap.parse_args()
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -9,21 +9,19 @@ the writer read (``_upstream_versions``).
 Id scheme
 ---------
 An id may carry a kind prefix, or be given bare (then it is looked up, in this order, as a checkpoint id,
-demo id, trajectory id, RL rollout id, environment id, repair attempt id, capability id):
+demo id, trajectory id, RL rollout id, environment id, repair attempt id, capability id)::
 
-==============================================  ===============================================================
-``score:<run_id>:<checkpoint_id>:<env_id>:<trial>``  one benchmark trial (the canonical form printed in trees)
-``score:<checkpoint_id>:<env_id>:<trial>``           same, in the promoted ``benchmark_scores``
-``score:<checkpoint_id>:<env_id>``                   every trial of that checkpoint on that environment
-``<env_id>@<checkpoint_id>``                         same as the line above (either order is accepted)
-``ckpt:<checkpoint_id>``                             a checkpoint (``checkpoints``; ``teacher-embedded`` too)
-``rollout:<rollout_id>``                             an RL rollout (``rl_rollouts``; absent table: clear error)
-``demo:<demo_id>``                                   a demonstration (``demo-…``)
-``traj:<traj_id>``                                   a teacher trajectory (``<env_id>:<teacher>:<seed>``)
-``env:<env_id>``                                     a certified or rejected environment
-``attempt:<attempt_id>``                             one draft / repair round (``<capability>-s<seed>-a<round>``)
-``cap:<capability_id>``                              a capability spec
-==============================================  ===============================================================
+    score:<run_id>:<checkpoint_id>:<env_id>:<trial>   one benchmark trial (the canonical form printed in trees)
+    score:<checkpoint_id>:<env_id>:<trial>            the same, in the promoted benchmark_scores
+    score:<checkpoint_id>:<env_id>                    every trial of that checkpoint on that environment
+    <env_id>@<checkpoint_id>                          the same as the line above (either order is accepted)
+    ckpt:<checkpoint_id>                              a checkpoint (checkpoints, rl_checkpoints; teacher-embedded too)
+    rollout:<rollout_id>                              an RL rollout (rl_rollouts; absent table: a clear error)
+    demo:<demo_id>                                    a demonstration (demo-...)
+    traj:<traj_id>                                    a teacher trajectory (<env_id>:<teacher>:<seed>)
+    env:<env_id>                                      a certified or rejected environment (<capability>-000123)
+    attempt:<attempt_id>                              one draft / repair round (<capability>-s<seed>-a<round>)
+    cap:<capability_id>                               a capability spec (and its partition's repair telemetry)
 
 In a score id, ``<checkpoint_id>`` may also be the agent name (``sft:<checkpoint_id>``,
 ``teacher:embedded``); ``<run_id>`` selects the Delta version of ``benchmark_scores`` that run wrote
@@ -37,8 +35,11 @@ score --(``_upstream_versions``)--> checkpoint and environment; checkpoint --(``
 spec (the ``capability_specs`` version in the environment row's ``_upstream_versions``) and generator
 (``generator`` of the spec JSON: backend, version, prompt version, attempt, model; plus the seed) and every
 repair attempt (``repair_log`` + ``environment_drafts`` rows of the environment written by the same run).
-For per-partition promoted tables (the synthesis tables) the row is read at the version its partition was
-published at as of the recorded version, which is exactly what the downstream reader saw.
+An RL checkpoint (``rl_checkpoints``) leads to the ``rl_rollouts`` its own run wrote for its configuration; a
+rollout leads to the checkpoint RL started from and to its environment. For per-partition promoted tables (the
+synthesis tables) the row is read at the version its partition was published at as of the recorded version,
+which is what the downstream reader saw (promotions are replayed up to that version; a rollback promoting an
+older version in between is the one case this cannot tell apart).
 
 Large fan-outs (a checkpoint's demonstrations, an RL checkpoint's rollouts) are summarised and the first
 ``max_items`` members are expanded (``max_items=0``: all). A node already shown elsewhere in the tree is
@@ -61,7 +62,7 @@ ID_FORMS = ("score:<run_id>:<checkpoint_id>:<env_id>:<trial>", "score:<checkpoin
             "<env_id>@<checkpoint_id>", "ckpt:<checkpoint_id>", "rollout:<rollout_id>", "demo:<demo_id>",
             "traj:<traj_id>", "env:<env_id>", "attempt:<attempt_id>", "cap:<capability_id>")
 TEACHER_CHECKPOINT = "teacher-embedded"
-PARTITION_COLUMN = "capability_id"
+CHECKPOINT_TABLES = ("checkpoints", "rl_checkpoints")
 SYNTH_TABLES = ("environment_drafts", "repair_log", "validated_environments", "rejected_environments", "repair_telemetry")
 # Columns never worth reading for lineage (token ids of every RL message, raw model output).
 HEAVY_COLUMNS = {"prompt_ids", "completion_ids", "logprobs", "advantage", "message_turn", "raw", "messages_json", "tools_json",
@@ -82,7 +83,8 @@ def score_id(run_id: str, checkpoint_id: str, env_id: str, trial: int) -> str:
 # --------------------------------------------------------------------------------------------------- tree
 @dataclass
 class LineageNode:
-    kind: str  # score | checkpoint | dataset | demonstration | trajectory | rollout | environment | capability | generator | repair | attempt
+    # score | checkpoint | dataset | demonstration | trajectory | rollout | environment | capability | generator | repair | attempt
+    kind: str
     id: str
     title: str = ""
     table: str | None = None
@@ -256,7 +258,8 @@ class _Tracer:
             try:
                 from deltalake import DeltaTable
 
-                names = DeltaTable(self.lake.uri(table), version=version, storage_options=self.lake.storage_options).schema().to_arrow().names
+                dt = DeltaTable(self.lake.uri(table), version=version, storage_options=self.lake.storage_options)
+                names = dt.schema().to_arrow().names
                 self._frames[key] = self.lake.read(table, version=version, columns=[c for c in names if c not in HEAVY_COLUMNS])
             except Exception:  # noqa: BLE001 - a missing / unreadable table is "not found" for lineage
                 self._frames[key] = None
@@ -402,21 +405,35 @@ class _Tracer:
                        "trials": [{"trial": t["trial"], "score": t["score"], "passed": t["passed"], "faulted": t.get("faulted"),
                                    "id": score_id(run, ckpt, env_id, t["trial"])} for t in trials]}
         up = n.upstream_versions
-        n.children.append(self.checkpoint(ckpt, up.get("checkpoints")))
+        n.children.append(self.checkpoint(ckpt, {t: up[t] for t in CHECKPOINT_TABLES if t in up}))
         n.children.append(self.environment(env_id, up.get("validated_environments"), split=first.get("split"),
                                            capability=first.get("capability_id")))
         return n
 
-    def checkpoint(self, ckpt: str, version: int | None = None) -> LineageNode:
+    def find_checkpoint(self, ckpt: str, versions: dict[str, int] | None = None) -> _Row | None:
+        """A checkpoint row: at the recorded version of ``checkpoints`` / ``rl_checkpoints``, else promoted / latest."""
+        versions = versions or {}
+        for table in CHECKPOINT_TABLES:
+            if versions.get(table) is not None:
+                hit = self.lookup(table, "checkpoint_id", ckpt, versions[table])
+                if hit is not None:
+                    return hit
+        for table in CHECKPOINT_TABLES:
+            hit = self.lookup(table, "checkpoint_id", ckpt)
+            if hit is not None:
+                return hit
+        return None
+
+    def checkpoint(self, ckpt: str, versions: dict[str, int] | None = None) -> LineageNode:
         if ckpt == TEACHER_CHECKPOINT or ckpt.startswith("teacher"):
             n = LineageNode("checkpoint", ckpt, "the embedded teacher (no weights)")
             n.attrs = {"kind": "teacher", "policy": "each environment's certified reference program, executed as an agent",
                        "training_data": "none"}
             return n
-        hit = self.lookup("checkpoints", "checkpoint_id", ckpt, version) or self.lookup("checkpoints", "checkpoint_id", ckpt)
+        hit = self.find_checkpoint(ckpt, versions)
         if hit is None:
-            n = LineageNode("checkpoint", ckpt, "not in the checkpoints table")
-            n.notes.append("the checkpoints table has no row for this id (external or deleted checkpoint)")
+            n = LineageNode("checkpoint", ckpt, "not in the checkpoint tables")
+            n.notes.append(f"neither {' nor '.join(CHECKPOINT_TABLES)} has a row for this id (external or deleted checkpoint)")
             return n
         if self.seen("checkpoint", ckpt, hit.table, hit.version):
             return LineageNode("checkpoint", ckpt, ref=True)
@@ -424,26 +441,42 @@ class _Tracer:
         n = self.node("checkpoint", ckpt, hit, f"{r.get('kind')} checkpoint")
         data_versions = {k: int(v) for k, v in _loads(r.get("data_versions_json"), {}).items()}
         metrics = _loads(r.get("metrics_json"), {})
+        config = _loads(r.get("config_json"), {})
         n.attrs = {"kind": r.get("kind"), "path": r.get("path"), "base_model": r.get("base_model"),
                    "base_checkpoint_id": r.get("base_checkpoint_id"), "device": r.get("device"), "data_versions": data_versions}
         if metrics:
-            n.attrs["metrics"] = {k: v for k, v in metrics.items() if k in ("first_loss", "last_loss", "steps", "train_tokens",
-                                                                           "final_reward", "mean_reward", "lora")} or metrics
+            keep = ("first_loss", "last_loss", "steps", "train_tokens", "mean_reward", "pass_rate", "step", "lora")
+            n.attrs["metrics"] = {k: v for k, v in metrics.items() if k in keep} or metrics
         for table, v in sorted(data_versions.items()):
-            n.children.append(self.dataset(table, v))
+            if table not in CHECKPOINT_TABLES:
+                n.children.append(self.dataset(table, v))
+        if r.get("kind") == "rl":
+            # An RL checkpoint is trained on the rollouts its own run wrote for its configuration.
+            name = config.get("name") or (ckpt.split("-")[1] if ckpt.startswith("rl-") else None)
+            v = self.version_by_run("rl_rollouts", r.get("_run_id"))
+            if v is not None:
+                n.children.insert(0, self.dataset("rl_rollouts", v, where=("config", name) if name else None))
+            else:
+                n.notes.append("no rl_rollouts version written by this checkpoint's run")
         if r.get("base_checkpoint_id"):
-            n.children.append(self.checkpoint(r["base_checkpoint_id"], hit.version))
+            base_versions = ({"checkpoints": data_versions["checkpoints"]} if "checkpoints" in data_versions
+                             else {hit.table: hit.version})
+            n.children.append(self.checkpoint(r["base_checkpoint_id"], base_versions))
         return n
 
-    def dataset(self, table: str, version: int) -> LineageNode:
-        """A whole table version a model was trained on: summary plus the first members expanded."""
+    def dataset(self, table: str, version: int, where: tuple[str, Any] | None = None) -> LineageNode:
+        """A whole table version a model was trained on (optionally the rows with ``column == value``): a summary,
+        plus the first ``max_items`` members expanded for tables whose rows have lineage of their own."""
         df = self.frame(table, version)
-        n = LineageNode("dataset", f"{table}@{version}", f"{table} at Delta version {version}")
+        nid = f"{table}@{version}" + (f"[{where[0]}={where[1]}]" if where else "")
+        n = LineageNode("dataset", nid, f"{table} at Delta version {version}")
         if df is None:
             n.notes.append(f"{table}@{version} is not in the lake (missing table or vacuumed version)")
             return n
-        if self.seen("dataset", n.id, table, version):
-            return LineageNode("dataset", n.id, ref=True)
+        if self.seen("dataset", nid, table, version):
+            return LineageNode("dataset", nid, ref=True)
+        if where is not None and where[0] in df.columns:
+            df = df.filter(pl.col(where[0]) == where[1])
         n.table, n.version = table, version
         n.promoted_version = self.published(table)
         n.committed_at = self.committed_at(table, version)
@@ -462,10 +495,9 @@ class _Tracer:
         if id_col and id_col in df.columns:
             ids = sorted(df[id_col].to_list())
             shown, more = self.expand_limit(ids)
+            build = {"demonstrations": self.demonstration, "rl_rollouts": self.rollout, "teacher_trajectories": self.trajectory}[table]
             for i in shown:
-                hit = _Row(table, version, df.filter(pl.col(id_col) == i).row(0, named=True))
-                n.children.append({"demonstrations": self.demonstration, "rl_rollouts": self.rollout,
-                                   "teacher_trajectories": self.trajectory}[table](hit))
+                n.children.append(build(_Row(table, version, df.filter(pl.col(id_col) == i).row(0, named=True))))
             if more:
                 n.notes.append(f"{more} more {table} rows not expanded (max_items={self.max_items}; 0 expands all)")
         return n
@@ -505,12 +537,21 @@ class _Tracer:
         n = self.node("rollout", r["rollout_id"], hit, f"RL config {r.get('config')}, step {r.get('step')}")
         n.attrs = {k: r.get(k) for k in ("config", "step", "group", "env_id", "reward", "passed", "completion", "safety",
                                          "termination", "n_messages", "turn_rewards") if k in r}
-        for col in ("checkpoint_id", "policy_checkpoint_id", "base_checkpoint_id"):
-            if r.get(col):
-                n.children.append(self.checkpoint(r[col], n.upstream_versions.get("checkpoints")))
-                break
+        up = n.upstream_versions
+        # The policy that sampled it: the starting checkpoint of the RL checkpoint the same run trained for this config.
+        start = next((r[c] for c in ("checkpoint_id", "policy_checkpoint_id") if r.get(c)), None)
+        v_rl = self.version_by_run("rl_checkpoints", r.get("_run_id"))
+        df = self.frame("rl_checkpoints", v_rl) if v_rl is not None else None
+        if df is not None and "checkpoint_id" in df.columns:
+            mine = df.filter(pl.col("_run_id") == r.get("_run_id"))
+            mine = mine.filter(pl.col("checkpoint_id").str.starts_with(f"rl-{r.get('config')}-")) if r.get("config") else mine
+            if len(mine):
+                n.attrs["trained_checkpoint"] = mine["checkpoint_id"][0]
+                start = start or mine["base_checkpoint_id"][0]
+        if start:
+            n.children.append(self.checkpoint(start, {"checkpoints": up["checkpoints"]} if "checkpoints" in up else None))
         if r.get("env_id"):
-            n.children.append(self.environment(r["env_id"], n.upstream_versions.get("validated_environments")))
+            n.children.append(self.environment(r["env_id"], up.get("validated_environments")))
         return n
 
     def environment(self, env_id: str, version: int | None, *, split: str | None = None,
@@ -560,7 +601,8 @@ class _Tracer:
         gen = dict(spec.get("generator") or {})
         g = LineageNode("generator", f"{gen.get('backend', r.get('generator_backend', '?'))}/"
                                      f"{gen.get('version', r.get('generator_version', '?'))}", "how the final spec was drafted")
-        g.attrs = {"backend": gen.get("backend", r.get("generator_backend")), "version": gen.get("version", r.get("generator_version")),
+        g.attrs = {"backend": gen.get("backend", r.get("generator_backend")),
+                   "version": gen.get("version", r.get("generator_version")),
                    "prompt_version": gen.get("prompt_version"), "model": gen.get("model"), "attempt": gen.get("attempt"),
                    "seed": r.get("seed")}
         if not spec:
@@ -686,6 +728,7 @@ def _find_scores(t: _Tracer, who: str, env_id: str, trial: int | None, run_id: s
 
 _LOOKUPS = (  # (kind, table, column) for bare ids, in resolution order
     ("checkpoint", "checkpoints", "checkpoint_id"),
+    ("checkpoint", "rl_checkpoints", "checkpoint_id"),
     ("demonstration", "demonstrations", "demo_id"),
     ("trajectory", "teacher_trajectories", "traj_id"),
     ("rollout", "rl_rollouts", "rollout_id"),
@@ -703,8 +746,8 @@ def _build(t: _Tracer, kind: str, table: str, key: str) -> LineageNode | None:
     if kind == "checkpoint":
         if key == TEACHER_CHECKPOINT:
             return t.checkpoint(key)
-        hit = t.lookup("checkpoints", "checkpoint_id", key)
-        return t.checkpoint(key, hit.version) if hit else None
+        hit = t.lookup(table, "checkpoint_id", key)
+        return t.checkpoint(key, {table: hit.version}) if hit else None
     if kind == "demonstration":
         hit = t.lookup_any_version("demonstrations", "demo_id", key)
         return t.demonstration(hit) if hit else None

@@ -30,6 +30,18 @@ FIXED_ARGS = {"to": ["team@example.com"], "subject": "Update", "body": "Status u
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    # Tiny models gain nothing from intra-op threads, while on a shared, oversubscribed CI box OpenMP
+    # spin-waiting makes them many times slower. Restored afterwards for other test modules.
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 def demonstrations(n: int = 20) -> list[dict]:
     demos = []
     for i in range(n):
@@ -265,3 +277,31 @@ def test_lora_path_saves_a_merged_plain_checkpoint(student_dir, dataset, tmp_pat
     assert not (result.checkpoint / "cowork_student.json").exists()
     msg = HFAgent(result.checkpoint, device="cpu", max_new_tokens=4).act(prompt(), TOOLS)
     assert msg["role"] == "assistant"  # loads and generates (content is random-ish after 2 LoRA steps)
+
+
+def test_foreign_checkpoint_gets_lora_and_chat_tokens(corpus, dataset, tmp_path):
+    """A non-student ("pretrained") checkpoint whose tokenizer lacks our control tokens: auto mode picks LoRA,
+    adds the tokens, trains their rows, and still saves a merged plain checkpoint."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.sft import SFTSettings, train_sft
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    foreign = tmp_path / "foreign"
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>").save_pretrained(foreign)
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                 max_position_embeddings=1024, tie_word_embeddings=True)).save_pretrained(foreign)
+    result = train_sft(foreign, dataset.select(range(4)), tmp_path / "out",
+                       SFTSettings(max_steps=2, batch_size=2, max_length=1024, device="cpu"))
+    assert result.lora is True and not (result.checkpoint / "adapter_config.json").exists()
+    agent = HFAgent(result.checkpoint, device="cpu", max_new_tokens=4)
+    im_end = agent.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in agent.stop_ids and agent.model.config.vocab_size >= len(agent.tokenizer)
+    assert agent.act(prompt(), TOOLS)["role"] == "assistant"

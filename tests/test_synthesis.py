@@ -231,6 +231,39 @@ def test_planted_some_mail_sent_checker_on_a_later_step_is_caught(validator, out
     assert not cert.certified, "a checker that accepts any sent email was certified"
 
 
+def test_mutants_challenge_every_effectful_step_of_every_turn(outcomes):
+    from cowork_pipeline.validation.mutations import executed_program, mutants
+
+    def instant(v: str) -> datetime:
+        return datetime.fromisoformat(v.replace("Z", "+00:00"))
+
+    seen = 0
+    for cid in ("onboarding_plan", "meeting_reschedule", "invoice_dispute"):
+        for o in outcomes[cid]:
+            if not o.accepted:
+                continue
+            seen += 1
+            spec, ref = o.final.draft.spec, o.final.certification.reference
+            base = executed_program(spec, ref)
+            sites = {(ti, si) for ti, steps in enumerate(base) for si, s in enumerate(steps) if _writes(s.tool)}
+            ms = mutants(spec, ref, seed=spec.seed)
+            assert {m.description for m in ms if m.operator == "missing_step"} == {f"skip {base[ti][si].tool} in turn {ti}" for ti, si in sites}
+            # every effectful step here has a typed value (a status, a priority, a due date, a time): each gets a wrong one
+            assert {(m.meta["turn"], m.meta["step"]) for m in ms if m.operator == "wrong_value"} >= sites - {
+                (ti, si) for ti, si in sites if base[ti][si].tool.startswith("mail_")}
+            for m in ms:
+                if m.operator != "wrong_value" or m.tool != "calendar_update_event":
+                    continue
+                ti, si = m.meta["turn"], m.meta["step"]
+                old, new = base[ti][si].args, m.program[ti].steps[si].args
+                # the meeting really moves (same length, another time), not a call that fails on end < start
+                assert instant(new["start"]) != instant(old["start"])
+                assert instant(new["end"]) - instant(new["start"]) == instant(old["end"]) - instant(old["start"])
+                traj = run_episode(spec, ProgramAgent(m.program, name="mutant"))
+                assert all(s["ok"] for s in traj.steps), [s["error"] for s in traj.steps if not s["ok"]]
+    assert seen >= 6
+
+
 def test_unsolvable_reference_refers_to_a_missing_record(validator, outcomes):
     spec = certified_spec(outcomes, "invoice_reconcile")
 

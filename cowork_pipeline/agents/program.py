@@ -106,8 +106,14 @@ class ProgramAgent:
                 steps = self.program[turn].steps
                 if pos >= len(steps):
                     continue
+                content = m.get("content")
+                if not steps[pos].bind and type(content) is str and '"error"' not in content and "\\" not in content:
+                    # Nothing to bind, and the text cannot decode to an {"error": ...} object (a key spelled
+                    # "error" needs those characters, or an escape): the step succeeded, no need to parse.
+                    pos, retries = pos + 1, 0
+                    continue
                 try:
-                    payload = json.loads(m.get("content") or "null")
+                    payload = json.loads(content or "null")
                 except ValueError:
                     payload = None
                 err = payload.get("error") if isinstance(payload, dict) and set(payload) == {"error"} else None

@@ -229,20 +229,24 @@ class Workspace:
 def diff_states(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Structural diff: per collection, added / removed records and changed fields ``[old, new]``."""
     out: dict[str, Any] = {}
-    for coll in sorted(set(before) | set(after)):
+    empty: Mapping[str, Any] = {}
+    for coll in sorted(before.keys() | after.keys()):
         if coll == META:
             continue
-        b, a = before.get(coll, {}), after.get(coll, {})
+        b, a = before.get(coll, empty), after.get(coll, empty)
         if b is a or b == a:  # unchanged (records are shared between snapshots: mostly identity compares, in C)
             continue
-        added = {k: a[k] for k in a.keys() - b.keys()}
-        removed = {k: b[k] for k in b.keys() - a.keys()}
+        added: dict[str, Any] = {}
         changed: dict[str, Any] = {}
-        for k in a.keys() & b.keys():
-            ra, rb = a[k], b[k]
+        for k, ra in a.items():
+            if k not in b:
+                added[k] = ra
+                continue
+            rb = b[k]
             if ra is rb or ra == rb:
                 continue
-            changed[k] = {f: [rb.get(f), ra.get(f)] for f in sorted(set(ra) | set(rb)) if ra.get(f) != rb.get(f)}
+            changed[k] = {f: [rb.get(f), ra.get(f)] for f in sorted(ra.keys() | rb.keys()) if ra.get(f) != rb.get(f)}
+        removed = {k: rb for k, rb in b.items() if k not in a} if len(b) + len(added) != len(a) else {}
         if added or removed or changed:
             out[coll] = {
                 "added": dict(sorted(added.items())),

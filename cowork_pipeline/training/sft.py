@@ -9,7 +9,10 @@ Dataset shape (what SFTTrainer consumes as is):
   would make Arrow unify every tool's ``parameters.properties`` into one struct, so each tool would gain every
   other tool's parameters as nulls (rendered as bogus optional params) and mixed-type ``enum``/``default`` values
   fail to unify at all. TRL 1.x ``json.loads`` a string ``tools`` value before ``apply_chat_template``
-  (``SFTTrainer._prepare_dataset.tokenize_fn``), so the string column works without a formatting function.
+  (``SFTTrainer._prepare_dataset.tokenize_fn``; JSON strings are TRL's preferred shape since trl#5118), so the
+  string column works without a formatting function. ``datasets.Json()`` would also decode, but it is an Arrow
+  *extension* type (``arrow.json``) that the Delta/parquet/polars side of the lake does not round-trip; a plain
+  string column does.
 """
 from __future__ import annotations
 
@@ -26,10 +29,9 @@ from cowork_pipeline.agents.chat_format import (
     CONTROL_TOKENS,
     END_OF_TEXT,
     IM_END,
-    MARKUP_TOKENS,
     normalize_messages,
 )
-from cowork_pipeline.training.student import STUDENT_MARKER, check_checkpoint, is_student_checkpoint
+from cowork_pipeline.training.student import STUDENT_MARKER, check_checkpoint, is_student_checkpoint, load_checkpoint
 
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
@@ -86,7 +88,9 @@ def to_sft_dataset(demonstrations: Sequence[dict[str, Any]]) -> Any:
     from datasets import Dataset
 
     rows = [_row(d) for d in demonstrations]
-    return Dataset.from_list(rows, features=sft_features())
+    # from_dict (not from_list) so an empty export still carries the schema.
+    columns = {"messages": [r["messages"] for r in rows], "tools": [r["tools"] for r in rows]}
+    return Dataset.from_dict(columns, features=sft_features())
 
 
 @dataclass
@@ -124,22 +128,24 @@ class SFTResult:
 
 
 def ensure_chat_tokens(tokenizer: Any, model: Any) -> list[int]:
-    """Add our control/markup tokens to a foreign tokenizer (resizing embeddings); returns the new token ids."""
+    """Make a foreign (pretrained) tokenizer able to speak our template; returns the ids of added tokens.
+
+    Only the turn-control tokens must exist as single tokens (``<|im_end|>`` is the stop token). Markup tags
+    (``<tool_call>``, ``<tools>``, ...) are not added: they tokenize fine as text and parsing is text-based, while
+    every added token needs trainable embedding rows (Qwen tokenizers already have all control tokens, so for
+    them nothing is added and plain LoRA suffices)."""
     vocab = tokenizer.get_vocab()
-    missing_special = [t for t in CONTROL_TOKENS if t not in vocab]
-    missing_markup = [t for t in MARKUP_TOKENS if t not in vocab]
-    if missing_special:
+    missing = [t for t in CONTROL_TOKENS if t not in vocab]
+    if missing:
         from tokenizers import AddedToken
 
         tokenizer.add_special_tokens(
-            {"additional_special_tokens": [AddedToken(t, special=True, normalized=False) for t in missing_special]},
+            {"additional_special_tokens": [AddedToken(t, special=True, normalized=False) for t in missing]},
             False,  # extend, do not replace, existing extra special tokens (positional: renamed across versions)
         )
-    if missing_markup:
-        tokenizer.add_tokens(missing_markup)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = END_OF_TEXT
-    added = [tokenizer.convert_tokens_to_ids(t) for t in missing_special + missing_markup]
+    added = [tokenizer.convert_tokens_to_ids(t) for t in missing]
     if added and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
     return added
@@ -213,7 +219,6 @@ def train_sft(
     """Fine-tune ``base_checkpoint`` on ``dataset`` (a ``to_sft_dataset`` Dataset or a list of demonstrations)
     and save a plain, merged checkpoint (model + tokenizer with ``CHAT_TEMPLATE`` + generation config) to ``out_dir``."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
     from cowork_pipeline.agents.hf_agent import resolve_device
@@ -228,17 +233,16 @@ def train_sft(
     if missing:
         raise ValueError(f"SFT dataset lacks column(s) {sorted(missing)}; build it with to_sft_dataset()")
 
+    torch.manual_seed(settings.seed)
+    # LoRA on a pretrained model on GPU: keep the frozen base in bf16. Full fine-tunes keep fp32 master weights.
+    dtype = torch.bfloat16 if (use_lora and device.startswith("cuda")) else torch.float32
+    # Loaded before anything is written: a bad base raises CheckpointError naming it and leaves out_dir untouched.
+    model, tokenizer = load_checkpoint(base, device="cpu", dtype=dtype)
+    tokenizer.chat_template = CHAT_TEMPLATE  # the one rendering, whatever the base shipped with
+    added = ensure_chat_tokens(tokenizer, model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "_trainer"
-
-    torch.manual_seed(settings.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
-    tokenizer.chat_template = CHAT_TEMPLATE  # the one rendering, whatever the base shipped with
-    # LoRA on a pretrained model on GPU: keep the frozen base in bf16. Full fine-tunes keep fp32 master weights.
-    dtype = torch.bfloat16 if (use_lora and device.startswith("cuda")) else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
-    added = ensure_chat_tokens(tokenizer, model)
 
     peft_config = None
     if use_lora:
@@ -252,10 +256,10 @@ def train_sft(
             task_type="CAUSAL_LM",
         )
         if added:
-            # New chat tokens need trainable embedding rows, or the model can never learn to emit them.
-            peft_config.trainable_token_indices = {"embed_tokens": added}
-            if not getattr(model.config.get_text_config(), "tie_word_embeddings", False):
-                peft_config.modules_to_save = ["lm_head"]
+            # New control tokens need trainable embedding/output rows, or the model can never emit <|im_end|>.
+            # (PEFT's trainable_token_indices would be lighter, but its lm_head wrapper breaks TRL 1.x's fused
+            # LM-head loss: "TrainableTokensWrapper object has no attribute 'bias'".)
+            peft_config.modules_to_save = ["embed_tokens", "lm_head"]
 
     curve: list[dict[str, float]] = []
     trainer = SFTTrainer(

@@ -96,6 +96,11 @@ def structural_diagnostics(spec: EnvironmentSpec) -> list[Diagnostic]:
         elif n > 1:
             out.append(Diagnostic("ambiguous_reference", f"the request's {m.get('role')} '{value}' matches {n} {coll} records by {field_}",
                                   detail=dict(m)))
+    services = {t.service for t in REGISTRY.values()}
+    for coll in spec.world:
+        if coll != "_meta" and coll.split(".")[0] not in services:
+            out.append(Diagnostic("schema_invalid", f"world collection '{coll}' belongs to no known service ({', '.join(sorted(services))})",
+                                  detail={"collection": coll}))
     for coll, recs in spec.world.items():
         for rid, rec in recs.items():
             if isinstance(rec, dict) and "id" in rec and rec["id"] != rid:
@@ -104,7 +109,8 @@ def structural_diagnostics(spec: EnvironmentSpec) -> list[Diagnostic]:
 
 
 def difficulty_of(spec: EnvironmentSpec) -> tuple[float, str]:
-    d = spec.difficulty
+    # Knobs are free-form (an LLM may write anything there): non-numbers count as 0.
+    d = {k: v for k, v in spec.difficulty.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     steps = d.get("reference_steps") or sum(len(t.steps) for t in spec.reference)
     score = (0.06 * steps + 0.05 * d.get("distractors", 0) + 0.12 * d.get("near_duplicates", 0)
              + 0.2 * (len(spec.turns) - 1) + 0.05 * len(spec.tools) / 4)
@@ -153,10 +159,14 @@ class Validator:
             if spec is None:
                 plans.append((draft, list(draft.parse_diagnostics) or [Diagnostic("schema_invalid", "no environment document")], []))
                 continue
-            diags = structural_diagnostics(spec)
             runs: list[tuple[str, Trajectory, Any]] = []
-            if not any(d.code in ("unknown_tool", "schema_invalid") for d in diags):
-                runs = self._trajectories(spec, diags)
+            try:
+                diags = structural_diagnostics(spec)
+                if not any(d.code in ("unknown_tool", "schema_invalid") for d in diags):
+                    runs = self._trajectories(spec, diags)
+            except Exception as e:  # noqa: BLE001 - a malformed document is diagnosed, never aborts the batch
+                diags = [Diagnostic("schema_invalid", f"the environment document is malformed: {type(e).__name__}: {e}")]
+                runs = []
             for _label, traj, _m in runs:
                 cases.append((spec, traj, None))
             if runs:  # determinism: grade the reference a second time in the same batch
@@ -166,7 +176,11 @@ class Validator:
         out, gi = [], 0
         for draft, diags, runs in plans:
             n = len(runs) + (1 if runs else 0)
-            out.append(self._verdict(draft, diags, runs, grades[gi:gi + n]))
+            try:
+                out.append(self._verdict(draft, diags, runs, grades[gi:gi + n]))
+            except Exception as e:  # noqa: BLE001 - diagnose a malformed document instead of failing the batch
+                out.append(Certification(draft.spec.env_id if draft.spec else draft.draft_id, draft.capability_id, draft.attempt, False,
+                                         diags + [Diagnostic("schema_invalid", f"the environment document is malformed: {type(e).__name__}: {e}")]))
             gi += n
         per = (time.perf_counter() - t0) / max(1, len(drafts))
         for c in out:

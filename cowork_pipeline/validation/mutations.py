@@ -4,6 +4,8 @@ A grader is only trustworthy if it fails wrong work. Each operator takes the ref
 as it actually ran (literal arguments, after variable binding) and makes one plausible
 mistake; the validator requires every applicable mutant to fail the rubric. Operators
 know nothing about capabilities: they work from tool metadata and the world's records.
+The per-step operators (missing_step, wrong_target, wrong_record, wrong_value) challenge
+every effectful step of every turn, so no later step or turn goes unchecked (see CAPS).
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def _effectful(step: Step) -> bool:
 def _emails(env: EnvironmentSpec) -> list[str]:
     out: set[str] = set()
     for coll in ("directory.people", "crm.contacts"):
-        out.update(r["email"] for r in env.world.get(coll, {}).values())
+        out.update(r["email"] for r in env.world.get(coll, {}).values() if isinstance(r, dict) and isinstance(r.get("email"), str))
     return sorted(out)
 
 
@@ -111,10 +113,39 @@ def _shift_time(v: str, hours: int) -> str | None:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ") if v.endswith("Z") else dt.isoformat()
 
 
-def _value_changes(s: Step, rng: random.Random) -> list[tuple[dict[str, Any], str]]:
-    """Every plausible wrong value for the step's non-reference parameters: (new args, what changed)."""
+def _target(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int) -> tuple[dict[str, Any], set[str]]:
+    """The existing record this call points at, as the reference left it when ``turn`` began (or {}),
+    and the fields of it that the reference changed at some turn's end (none for a record merely
+    referred to, such as the message a reply answers)."""
+    for k in sorted(s.args):
+        v = s.args[k]
+        if k in ID_PARAMS and isinstance(v, str):
+            coll = ID_PARAMS[k] or _collection_of(env, v) or ""
+            rec = env.world.get(coll, {}).get(v)
+            if isinstance(rec, dict):
+                def changes(d: dict[str, Any]) -> dict[str, Any]:
+                    return d.get(coll, {}).get("changed", {}).get(v, {})
+                before = changes(traj.turn_diffs[turn - 1]) if 0 < turn <= len(traj.turn_diffs) else {}
+                changed = {f for d in [*traj.turn_diffs, traj.diff] for f in changes(d)}
+                return {**rec, **{f: new for f, (_old, new) in before.items()}}, changed
+    return {}, set()
+
+
+def _same_time(a: Any, b: Any) -> bool:
+    try:
+        return datetime.fromisoformat(str(a).replace("Z", "+00:00")) == datetime.fromisoformat(str(b).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+
+
+def _value_changes(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int, rng: random.Random) -> list[tuple[dict[str, Any], str]]:
+    """Every plausible wrong value for the step's non-reference parameters: (new args, what changed).
+    Typed values first (choices, numbers, dates, times); then, for a text field the call rewrites on
+    an existing record, the stale value it held (copied from an old source instead of the new one)."""
     t = REGISTRY[s.tool]
     out: list[tuple[dict[str, Any], str]] = []
+    stale: list[tuple[dict[str, Any], str]] = []
+    rec, rewritten = _target(env, traj, s, turn)
     times = [p.name for p in t.params if p.format == "date-time" and isinstance(s.args.get(p.name), str)]
     for p in t.params:
         if p.name not in s.args or p.name in ID_PARAMS or p.name in EMAIL_PARAMS:
@@ -123,6 +154,8 @@ def _value_changes(s: Step, rng: random.Random) -> list[tuple[dict[str, Any], st
         new: Any = None
         if p.enum is not None and not p.type.startswith("array"):
             others = [e for e in p.enum if e != v]
+            # not the value the record already had: "setting" that is a no-op (or refused), a missing step in disguise
+            others = [e for e in others if e != rec.get(p.name)] or others
             new = rng.choice(others) if others else None
         elif p.type == "boolean" and isinstance(v, bool):
             new = not v
@@ -135,14 +168,21 @@ def _value_changes(s: Step, rng: random.Random) -> list[tuple[dict[str, Any], st
         elif p.format == "date-time" and isinstance(v, str):
             if p.name != times[0]:
                 continue  # an interval moves as one (below): shifting one end alone only makes the call fail
-            shifted = {n: _shift_time(s.args[n], 1) for n in times}
-            if any(x is None for x in shifted.values()):
+            for hours in (1, -1, 2):  # the first shift that does not land back on the record's old time
+                shifted = {n: _shift_time(s.args[n], hours) for n in times}
+                if any(x is None for x in shifted.values()) or any(_same_time(shifted[n], rec.get(n)) for n in times):
+                    continue
+                break
+            else:
                 continue
             out.append(({**s.args, **shifted}, ", ".join(f"{n}: {s.args[n]!r} -> {shifted[n]!r}" for n in times)))
             continue
+        elif (p.type == "string" and p.format is None and isinstance(v, str) and p.name in rewritten
+              and isinstance(rec.get(p.name), str) and rec[p.name] != v):
+            stale.append(({**s.args, p.name: rec[p.name]}, f"{p.name}: {v!r} -> the old {rec[p.name]!r}"))
         if new is not None and new != v:
             out.append(({**s.args, p.name: new}, f"{p.name}: {v!r} -> {new!r}"))
-    return out
+    return out + stale
 
 
 def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0) -> list[Mutant]:
@@ -164,6 +204,8 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0) -> list[Mutan
                       meta={"turn": ti, "step": si})
 
     emails = _emails(env)
+    me = str(env.world.get("_meta", {}).get("profile", {}).get("email", ""))
+    home = me.rsplit("@", 1)[-1]
     per_site: list[list[Mutant]] = []
     for ti, si, s in effectful:
         cands: list[Mutant] = []
@@ -173,8 +215,10 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0) -> list[Mutan
             if not isinstance(old, str):
                 continue
             dom = old.rsplit("@", 1)[-1]
-            pool = ([e for e in emails if e != old and e.endswith("@" + dom) and (not isinstance(v, list) or e not in v)]
-                    or [e for e in emails if e != old and (not isinstance(v, list) or e not in v)])
+            free = [e for e in emails if e != old and (not isinstance(v, list) or e not in v)]
+            # someone else at the same organisation; else a colleague (an allowed address, so only the
+            # completion checks can tell); else anyone
+            pool = [e for e in free if e.endswith("@" + dom)] or [e for e in free if e.endswith("@" + home) and e != me] or free
             if not pool:
                 continue
             new = rng.choice(pool)
@@ -196,7 +240,7 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0) -> list[Mutan
         per_site.append(cands)
     out.extend(_select(per_site, CAPS["wrong_record"]))
 
-    per_site = [[variant("wrong_value", ti, si, s, args, what) for args, what in _value_changes(s, rng)] for ti, si, s in effectful]
+    per_site = [[variant("wrong_value", ti, si, s, args, what) for args, what in _value_changes(env, traj, s, ti, rng)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["wrong_value"]))
 
     destructive = _extra_write(env, base, rng)

@@ -344,6 +344,18 @@ def _policy_clean_text(source: str) -> bool:
     )
 
 
+# Sources up to this size whose text is policy-clean skip the parent's parse in ``evaluate``: the
+# worker compiles them anyway and reports a syntax error exactly as the parse would (same parser,
+# same ``compile_error`` message).  The bound keeps nesting depth (<= characters) far below the
+# parse/compile recursion limits, so neither side can fail where the other would not.
+_TEXT_ONLY_MAX_CHARS = 1500
+
+
+@lru_cache(maxsize=4096)
+def _text_only_clean(source: str) -> bool:
+    return len(source) <= _TEXT_ONLY_MAX_CHARS and _policy_clean_text(source)
+
+
 @lru_cache(maxsize=4096)
 def _analyze(source: str) -> _Verdict:
     """Parse + policy check, cached by source text (sources repeat across batches)."""
@@ -391,6 +403,8 @@ _RESP_HEADER = struct.Struct("<II")
 _PROGRESS = struct.Struct("<Iid")
 _IDLE = -(2**31)  # progress idx between batches; idx >= 0: call; idx < 0: compiling source -idx-1
 _TICK_S = 0.05  # repeat interval of the in-worker timer after the first expiry
+_CODE_CACHE_ENTRIES = 512  # compiled sources a worker keeps across batches
+_CODE_CACHE_CHARS = 2_000_000  # ... and their total size (bounded memory under RLIMIT_AS)
 _WORKER_FLAG = "--cowork-sandbox-worker"
 _THIS_FILE = os.path.abspath(__file__)
 _NOBODY = 65534
@@ -761,7 +775,7 @@ class Sandbox:
         return [r if r is not None else CallResult(False, None, "crash", "no result", 0.0) for r in results]
 
     def _static_reject(self, text: str) -> CallResult | None:
-        if not self.static_policy:
+        if not self.static_policy or _text_only_clean(text):
             return None
         verdict = _analyze(text)
         if verdict.compile_error is not None:
@@ -1154,7 +1168,8 @@ class _WorkerRuntime:
         self.memory_mb = memory_mb
         self.st = _State()
         self.recycle = False
-        self.code_cache: dict[str, Any] = {}
+        self.code_cache: dict[str, Any] = {}  # source -> code object, least recently used first
+        self.code_cache_chars = 0
         self.decode_s = 0.0  # argument copies of the current batch (reported to the parent)
         self.layers: dict[str, Any] = {}
         self.root_listing: list[str] | None = None
@@ -1574,7 +1589,8 @@ class _WorkerRuntime:
                 return  # the parent replaces us
 
     def _compile(self, source: str) -> Any:
-        code = self.code_cache.get(source)
+        cache = self.code_cache
+        code = cache.pop(source, None)
         if code is None:
             try:
                 code = compile(source, CHECKER_FILENAME, "exec", dont_inherit=True)
@@ -1582,9 +1598,14 @@ class _WorkerRuntime:
                 return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
             except (ValueError, MemoryError, RecursionError, OverflowError) as exc:
                 return f"{type(exc).__name__}: {str(exc)[:200] or 'source too complex'}"
-            if len(self.code_cache) > 256:
-                self.code_cache.clear()
-            self.code_cache[source] = code
+            self.code_cache_chars += len(source)
+            # Least recently used first out: sources shared by many environments (parameterless
+            # safety checks, lax checks) stay compiled across batches while one-off sources pass.
+            while cache and (len(cache) >= _CODE_CACHE_ENTRIES or self.code_cache_chars > _CODE_CACHE_CHARS):
+                oldest = next(iter(cache))
+                del cache[oldest]
+                self.code_cache_chars -= len(oldest)
+        cache[source] = code  # (re)inserted last: most recently used
         return code
 
     def _run_batch(self, req: tuple[Any, ...]) -> tuple[bytes, bytes]:
