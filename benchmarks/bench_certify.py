@@ -15,7 +15,7 @@ revised), so "certified" counts first-pass survivors. ``--rounds K`` runs the re
 (``synthesize(..., max_rounds=K)``): drafting then includes revisions and certification every round.
 
 Each repeat uses fresh seeds (so neither the worker's compile cache nor the parent's static-policy cache is
-warmer than in production); numbers are the median over repeats. ``--workers W`` runs W independent
+warmer than in production) and a fresh sandbox; the table shows the median and the best repeat. ``--workers W`` runs W independent
 processes (each with its own one-worker sandbox) on disjoint shares of the drafts.
 
 Reported per certified environment:
@@ -25,9 +25,12 @@ Reported per certified environment:
 * ``ms/env/core (wall)``: wall time x cores used / certified, cores used = W: ``certify_many`` is synchronous,
   so a process and its sandbox worker take turns on one core (the parent waits while the worker grades).
   Only meaningful on an otherwise idle machine; the CPU figure is the one to compare across runs.
-* the ratio of certification to drafting alone (CPU), and a breakdown per drafted environment: episodes,
-  mutant generation, evidence building, sandbox parent side (argument serialization, IPC, result decoding),
-  worker compile, worker argument copies, worker checker calls, and the rest (structural checks, verdicts).
+* the ratio of certification to drafting alone (CPU), and a CPU breakdown per drafted environment (W=1):
+  parent side from process-CPU probes around episodes, mutant generation, evidence building and the sandbox
+  client (static policy, argument serialization, IPC, result decoding), the rest (structural checks,
+  verdicts); worker side its total CPU split by what it reports per batch (compile, per-call argument
+  copies, checker calls). Timings from the worker are wall-clock, so on a loaded machine the split is
+  proportional, not exact.
 
 A fingerprint of the certification results (verdicts, diagnostics, mutants, reference trajectory; timings
 excluded) is printed so runs of two code versions on the same drafts can be checked for identical output.

@@ -64,7 +64,7 @@ def main() -> None:
                     help="torch intra-op threads (0 = torch default); 1 is steadier on an oversubscribed machine")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2, help="best-of-N wall time per method (shared CPUs are noisy)")
+    ap.add_argument("--repeats", type=int, default=3, help="best-of-N wall time per method (shared CPUs are noisy)")
     args = ap.parse_args()
 
     import torch

@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Debian's chromium for the browser test (skipped quietly where apt is unavailable).
+if [ -f scripts/install_browser.sh ]; then bash scripts/install_browser.sh || true; fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -25,7 +25,6 @@ from cowork_pipeline.training.rl import (
     collect_rollouts,
     compute_advantages,
     policy_update,
-    rollout_rows,
     rollout_schema,
     train_rl,
     turn_rewards_from_scores,
@@ -131,7 +130,8 @@ def warm(tmp_path_factory, demos, drafted) -> dict[str, Path]:
     from cowork_pipeline.training.student import StudentConfig, build_student
 
     corpus = [render_conversation(d["messages"], d["tools"]) for d in demos]
-    corpus.append(render_conversation(teacher_demo(drafted)["messages"], teacher_demo(drafted)["tools"]))
+    drafted_demo = teacher_demo(drafted)  # in the tokenizer corpus only, so its prompts tokenize compactly
+    corpus.append(render_conversation(drafted_demo["messages"], drafted_demo["tools"]))
     cfg = StudentConfig(vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                         max_position_embeddings=2048, min_frequency=1, seed=0)
     base = build_student(corpus, tmp_path_factory.mktemp("rl_base"), cfg)
@@ -141,7 +141,7 @@ def warm(tmp_path_factory, demos, drafted) -> dict[str, Path]:
     return {"base": base, "sft": sft.checkpoint}
 
 
-SFT_STEPS = 80
+SFT_STEPS = 120
 
 
 # --- rewards per turn ---------------------------------------------------------------------------------------
@@ -374,9 +374,9 @@ def test_default_config_one_step(config, warm, env, drafted, sandbox, tmp_path):
         assert json.loads((result.checkpoint / "rl_config.json").read_text())["name"] == "partial_group"
 
 
-def _decision_logprobs(checkpoint: Path, demo_right: dict, demo_wrong: dict) -> tuple[float, float]:
-    """Log-probability of the turn-0 update call with the rewarded vs the unrewarded status, given the conversation
-    up to it (the same prefix for both)."""
+def _decision_margin(checkpoint: Path, demos: list[dict]) -> float:
+    """Log-probability margin of the rewarded over the unrewarded status at both decision points (the update call
+    of turn 0 and of turn 1), each given the same conversation prefix."""
     import torch
 
     from cowork_pipeline.agents.chat_format import render_conversation
@@ -384,33 +384,72 @@ def _decision_logprobs(checkpoint: Path, demo_right: dict, demo_wrong: dict) -> 
     from cowork_pipeline.training.rl import _forward_logprobs, _vocab_limit
 
     agent = HFAgent(checkpoint, device="cpu", dtype=torch.float32)
-    out = []
-    for demo in (demo_right, demo_wrong):
+
+    def logp(demo: dict, nth: int) -> float:
         msgs, tools = demo["messages"], demo["tools"]
-        k = next(i for i, m in enumerate(msgs) if m.get("tool_calls") and m["tool_calls"][0]["function"]["name"] == "crm_update_invoice")
+        k = [i for i, m in enumerate(msgs)
+             if m.get("tool_calls") and m["tool_calls"][0]["function"]["name"] == "crm_update_invoice"][nth]
         prompt_text = render_conversation(msgs[:k], tools, add_generation_prompt=True)
-        full = render_conversation(msgs[: k + 1], tools)
-        comp = full[len(prompt_text):]
+        comp = render_conversation(msgs[: k + 1], tools)[len(prompt_text):]
         comp = comp[: comp.index("<|im_end|>") + len("<|im_end|>")]
         prompt_ids = agent.encode_prompt(msgs[:k], tools)
         comp_ids = agent.tokenizer(comp, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
             lp, _ = _forward_logprobs(agent.model, [(prompt_ids, comp_ids)], 1.0, _vocab_limit(agent), "cpu")
-        out.append(float(lp.sum()))
-    return out[0], out[1]
+        return float(lp.sum())
+
+    # demos: (paid, disputed), (paid, void), (void, disputed), (void, void); rewarded statuses: paid, disputed.
+    turn0 = logp(demos[0], 0) - logp(demos[2], 0)  # same prefix: the conversation up to the first update call
+    turn1 = logp(demos[0], 1) - logp(demos[1], 1)  # same prefix: turn 0 done right, up to the second update call
+    return turn0 + turn1
 
 
-RL_STEPS = 8
+def _logprob_change_by_reward(checkpoint: Path, rows: list[dict], step: int = 0) -> dict[float, float]:
+    """Mean change (final policy minus the policy that sampled them) of the total log-probability of the rollouts
+    collected at ``step``, grouped by their reward."""
+    import torch
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.rl import _forward_logprobs, _vocab_limit
+
+    agent = HFAgent(checkpoint, device="cpu", dtype=torch.float32)
+    out: dict[float, list[float]] = {}
+    for r in rows:
+        if r["step"] != step or not r["completion_ids"]:
+            continue
+        pairs = list(zip(r["prompt_ids"], r["completion_ids"]))
+        with torch.no_grad():
+            lp, _ = _forward_logprobs(agent.model, pairs, 1.0, _vocab_limit(agent), "cpu")
+        delta = sum(float(lp[i, lp.shape[1] - len(c):].sum()) - sum(r["logprobs"][i]) for i, (_p, c) in enumerate(pairs))
+        out.setdefault(r["reward"], []).append(delta)
+    return {k: sum(v) / len(v) for k, v in sorted(out.items())}
 
 
 def test_rl_moves_policy_toward_rewarded_action(warm, env, demos, sandbox, tmp_path):
-    cfg = RLConfig("partial_group", reward="partial", normalize="group", credit="trajectory", group_size=8, lr=3e-4,
-                   max_new_tokens=48, max_steps_per_turn=3, seed=0)
+    """Eight partial-reward GRPO steps on one environment (8 rollouts a step) from the near 50/50 warm start.
+
+    Asserted (stable across seeds and learning rates in our runs): the rewarded status gains log-probability over the
+    unrewarded one at the two decision points; the first step's successful rollouts became more likely and its
+    failed ones less likely, ordered by reward; and training did not collapse. The training reward itself rises only
+    modestly in 8 steps and is noisy at 8 rollouts a step, so it is only guarded, not asserted to rise."""
+    cfg = RLConfig("partial_group", reward="partial", normalize="group", credit="trajectory", group_size=8, lr=RL_LR,
+                   max_new_tokens=48, max_steps_per_turn=3, seed=RL_SEED)
     result = train_rl(warm["sft"], [env], sandbox, cfg, steps=RL_STEPS, out_dir=tmp_path / "rl", device="cpu")
     rewards = [row["mean_reward"] for row in result.curve]
-    # demos[0] writes the rewarded statuses, demos[3] the unrewarded ones; same prefix up to the turn-0 update.
-    right0, wrong0 = _decision_logprobs(warm["sft"], demos[0], demos[3])
-    right1, wrong1 = _decision_logprobs(result.checkpoint, demos[0], demos[3])
-    print("rewards", [round(r, 3) for r in rewards], "decision logp", (right0, wrong0), "->", (right1, wrong1))
-    assert right1 - wrong1 > right0 - wrong0 + 0.5  # the rewarded action became (much) more likely than the other
-    assert sum(rewards[-3:]) / 3 > rewards[0]
+    before, after = _decision_margin(warm["sft"], demos), _decision_margin(result.checkpoint, demos)
+    change = _logprob_change_by_reward(result.checkpoint, result.rollouts)
+    print("rewards", [round(r, 3) for r in rewards], "decision margin", round(before, 3), "->", round(after, 3),
+          "logp change by reward", {k: round(v, 3) for k, v in change.items()})
+    assert after > before + 0.5
+    assert len(change) >= 2 and max(change) == 1.0 and change[1.0] > 0.0
+    assert change[min(change)] < 0.0
+    values = [change[k] for k in sorted(change)]
+    assert values == sorted(values)  # more reward, more gained likelihood
+    half = RL_STEPS // 2
+    assert sum(rewards[half:]) / (RL_STEPS - half) > sum(rewards[:half]) / half - 0.15  # no collapse
+    assert result.curve[-1]["kl"] < 0.2
+
+
+RL_STEPS = 8
+RL_LR = 3e-4
+RL_SEED = 0

@@ -1,8 +1,8 @@
 """Delta on S3-compatible object storage: the Lake and the Dagster assets against a local S3 server.
 
 The server is moto's (``moto[server]``), started by the test on 127.0.0.1 in its own process. It must not run in
-this process: delta-rs holds the GIL during some blocking calls (history, log listing), so an in-process
-(threaded) server would deadlock against its own client until the HTTP timeout.
+this process: some deltalake calls (e.g. ``DeltaTable.history``) keep the GIL while they wait on HTTP, so an
+in-process (threaded) server could not answer them and every such call would hang until the client's timeout.
 """
 from __future__ import annotations
 
@@ -13,19 +13,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
+import boto3  # dev dependency, with moto[server]
 import dagster as dg
 import polars as pl
 import pyarrow as pa
 import pytest
 
-from cowork_pipeline.lake import LakeError, Lake, Lineage, NotPromoted
+from cowork_pipeline.lake import Lake, LakeError, Lineage, NotPromoted
 
-moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (pip install 'moto[server]')")
-boto3 = pytest.importorskip("boto3")
-
-ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "cowork-lake"
 CAPABILITY = "invoice_reconcile"
 
@@ -41,18 +37,27 @@ def s3_endpoint(tmp_path_factory):
     """A local S3-compatible endpoint (moto) with one empty bucket; yields (endpoint, storage_options)."""
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
+    # boto3 and delta-rs (reqwest) honour HTTP(S)_PROXY: keep requests to the local server off any proxy.
+    no_proxy = ",".join(filter(None, ["127.0.0.1", "localhost", os.environ.get("NO_PROXY", "")]))
+    env = pytest.MonkeyPatch()
+    env.setenv("NO_PROXY", no_proxy)
+    env.setenv("no_proxy", no_proxy)
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = None
     try:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read()
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{endpoint}/moto-api/", timeout=2):
+                    pass
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start on {endpoint} (exit code {proc.poll()})")
+                    log.flush()
+                    tail = open(log.name, errors="replace").read()[-2000:]
+                    raise RuntimeError(f"moto server did not start on {endpoint} (exit code {proc.poll()}): {tail}")
                 time.sleep(0.2)
         creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
         boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=creds["AWS_ACCESS_KEY_ID"],
@@ -68,16 +73,18 @@ def s3_endpoint(tmp_path_factory):
         }
         yield endpoint, storage_options
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        if proc is not None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(10)
         log.close()
+        env.undo()
 
 
 def _keys(endpoint: str, opts: dict, prefix: str) -> list[str]:
@@ -145,11 +152,13 @@ def test_stale_writer_never_overwrites_a_commit_on_s3(s3_endpoint):
     assert sorted(lake.read("t")["x"].to_list()) == [0, 1, 2]
 
 
-def test_bad_credentials_fail_with_a_clear_lake_error(s3_endpoint):
+def test_missing_bucket_fails_fast_with_a_lake_error_naming_the_table(s3_endpoint):
     _, opts = s3_endpoint
     lake = Lake(f"s3://{BUCKET}-missing/x", storage_options=opts)
-    with pytest.raises(LakeError, match="missing"):
+    t0 = time.monotonic()
+    with pytest.raises(LakeError, match=f"table 't' \\(s3://{BUCKET}-missing/x/t\\)"):
         lake.write("t", pl.DataFrame({"a": [1]}), lineage=Lineage.local("t"), mode="append")
+    assert time.monotonic() - t0 < 30  # a client error, not retried until a timeout
 
 
 def test_assets_materialize_into_s3_lake(s3_endpoint):

@@ -44,6 +44,15 @@ that temperature-``T`` policy is the one being optimised, as in TRL. New log-pro
 forward pass over prompt + completion per micro-batch (left-padded, ``logits_to_keep`` so only completion positions
 are projected onto the vocabulary), so no per-token state is kept between sampling and the update. Dropout stays off
 (model in eval mode) so the first inner epoch's ratios are exactly 1 up to float error.
+
+Optimiser: AdamW (betas 0.9/0.99), grad-norm clip 1.0, fresh per run. Adam moves every parameter by about ``lr`` per
+step whatever the gradient's scale, so (a) a global rescaling of the advantages changes almost nothing - with one
+group per step GRPO's std normalisation and Dr. GRPO's plain centring give near-identical updates; they differ only
+when several groups of different spreads share a step - and (b) the learning rate must be small relative to the
+weights: the tiny random-init student collapses in one step at 3e-3, drifts at 1e-3, and learns at 3e-4-5e-4.
+
+CPU note: for tiny students use ``torch.set_num_threads(1)``; on an oversubscribed 2-core machine the default two
+intra-op threads cost ~20x more CPU time in generation (OpenMP spin-waits), measured here.
 """
 from __future__ import annotations
 
@@ -81,7 +90,7 @@ class RLConfig:
     max_new_tokens: int = 128
     seed: int = 0
     # Loop knobs shared by every configuration (not part of the comparison).
-    top_p: float = 1.0
+    top_p: float = 1.0  # must stay 1.0 (validated): ratios assume the untruncated temperature-T distribution
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     envs_per_step: int = 0  # 0 = every environment every step; else a rotating subset of this size
@@ -99,6 +108,10 @@ class RLConfig:
             raise ValueError(f"credit must be 'trajectory', 'turn' or 'return_to_go', not {self.credit!r}")
         if self.temperature <= 0:
             raise ValueError("RL needs sampling: temperature must be > 0")
+        if self.top_p != 1.0:
+            # The update recomputes log-probs of the temperature-scaled distribution; a top-p truncated behaviour
+            # policy would make first-epoch ratios != 1 and the clipping meaningless.
+            raise ValueError("top_p must be 1.0: the update does not model top-p truncation")
         if self.group_size < 1 or self.inner_epochs < 1:
             raise ValueError("group_size and inner_epochs must be >= 1")
 
@@ -450,7 +463,7 @@ def policy_update(model: Any, rollouts: Sequence[Rollout], config: RLConfig, opt
                 d = (ref - logp).masked_fill(~mask, 0.0)
                 k3 = d.exp() - d - 1.0
                 per_tok = per_tok + config.kl_coef * k3
-                sums["kl_ref"] += float((k3 * m).sum())
+                sums["kl_ref"] += float((k3.detach() * m).sum())
             loss = (per_tok * m).sum() / total_tokens
             loss.backward()
             with torch.no_grad():
