@@ -33,7 +33,8 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
         lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True},
                      **({"partition": partition[1], "partition_column": partition[0]} if partition else {}))
     meta = {"delta_version": version, "rows": len(df), "table_uri": lake.uri(table), "run_id": lin.run_id,
-            "promoted": result.success}
+            "promoted": result.success, "upstream_versions": dg.MetadataValue.json(dict(lin.upstream_versions)),
+            "history": history_md(lake, table)}
     check = dg.AssetCheckResult(
         asset_key=table, check_name=f"{table}_quality", passed=result.success,
         metadata={"summary": result.summary(), "expectations": result.evaluated, "delta_version": version,

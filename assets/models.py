@@ -7,7 +7,7 @@ import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
-from assets._io import check_spec, history_md, lineage, plot_md, write_checked
+from assets._io import check_spec, lineage, plot_md, write_checked
 from cowork_pipeline.demonstrations import collect_teacher_trajectories, contamination_audit, curate, sft_records
 from cowork_pipeline.lake import Lake
 from cowork_pipeline.quality import Expect
@@ -87,7 +87,6 @@ def demonstrations(context: AssetExecutionContext, lake: LakeResource, profile: 
                                              "no held-out capability lineage")])
     mat.metadata.update({f"dropped_{k}": v for k, v in dropped.items()})
     mat.metadata["multi_turn"] = int(demos["multi_turn"].sum()) if len(demos) else 0
-    mat.metadata["history"] = history_md(lk, "demonstrations")
     if mat.metadata["promoted"] and "://" not in lk.root:
         from cowork_pipeline.training.sft import to_sft_dataset
 

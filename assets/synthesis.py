@@ -7,7 +7,7 @@ import dagster as dg
 from dagster import AssetExecutionContext
 import polars as pl
 
-from assets._io import check_spec, history_md, lineage, plot_md, write_checked
+from assets._io import check_spec, lineage, plot_md, write_checked
 from cowork_pipeline.capabilities import CATALOG_DIR, load_catalog, parse_capability
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
@@ -97,8 +97,7 @@ def synthesized_environments(context: AssetExecutionContext, lake: LakeResource,
                                    lin=lineage(context, table, f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}", upstream))
         if table == "validated_environments":
             mat.metadata.update({"survival_rate": tel["survival_rate"], "accepted_by_round": dg.MetadataValue.json(tel["accepted_by_round"]),
-                                 "diagnostics": dg.MetadataValue.json(tel["diagnostic_counts"]), "repair_plot": _repair_plot(cap_id, tel),
-                                 "history": history_md(lk, table)})
+                                 "diagnostics": dg.MetadataValue.json(tel["diagnostic_counts"]), "repair_plot": _repair_plot(cap_id, tel)})
         yield mat
         yield check
 
