@@ -71,11 +71,11 @@ class ProfileResource(dg.ConfigurableResource):
     heldout_env_fraction: float = 0.15
     split_seed: int = 0
     teacher_fault_rate: float = 0.1
-    demos_per_capability: int = 24  # training environments per capability the teacher demonstrates (0 = all)
+    demos_per_capability: int = 20  # training environments per capability the teacher demonstrates (0 = all)
     max_demo_chars: int = 12000
-    eval_trials: int = 3
+    eval_trials: int = 2
     eval_fault_rate: float = 0.1
-    eval_envs_per_capability: int = 8
+    eval_envs_per_capability: int = 3
     sft_epochs: float = 3.0
     sft_max_steps: int = -1
     sft_lr: float = 1e-3
@@ -85,9 +85,9 @@ class ProfileResource(dg.ConfigurableResource):
     student_vocab: int = 4096
     base_checkpoint: str = ""  # a local checkpoint directory to fine-tune instead of the embedded student
     rl_configs: str = "binary_traj,partial_group,partial_turn"  # comma-separated RL configurations to train
-    rl_steps: int = 8
+    rl_steps: int = 4
     rl_group_size: int = 4
-    rl_envs: int = 16
+    rl_envs: int = 8
     seed: int = 0
 
 

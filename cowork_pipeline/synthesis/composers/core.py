@@ -6,19 +6,9 @@ from zoneinfo import ZoneInfo
 
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
+from cowork_pipeline.synthesis.composers._common import V, first, mention
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
-
-V = lambda name: {"$var": name}  # noqa: E731  (a reference to a value bound from an earlier result)
-
-
-def first(name: str) -> str:
-    return name.split()[0]
-
-
-def mention(coll: str, field: str, value: str, role: str, partial: bool = False) -> dict:
-    return {"collection": coll, "field": field, "value": value, "role": role, "partial": partial}
-
 
 @composer("invoice_reconcile")
 def invoice_reconcile(ctx: Ctx) -> Composition:

@@ -8,23 +8,9 @@ from typing import Any, Callable
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
+from cowork_pipeline.synthesis.composers._common import V, _at, first, mention
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE, DOMAIN, slug
-
-V = lambda name: {"$var": name}  # noqa: E731  (a reference to a value bound from an earlier result)
-
-
-def first(name: str) -> str:
-    return name.split()[0]
-
-
-def mention(coll: str, field: str, value: str, role: str, partial: bool = False) -> dict:
-    return {"collection": coll, "field": field, "value": value, "role": role, "partial": partial}
-
-
-def _at(dt: datetime) -> str:
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 def _pos(wb, coll: str, target: str, keep: Callable[[dict[str, Any]], bool],
          key: Callable[[dict[str, Any]], Any] = lambda r: r["id"], reverse: bool = False) -> int:
