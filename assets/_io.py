@@ -12,6 +12,11 @@ from cowork_pipeline.lake import Lake, Lineage
 from cowork_pipeline.quality import Expect, validate
 
 
+# Downstream assets materialize when an upstream changes, and only once every upstream blocking check passed
+# (a blocking check stops downstream inside a run; this condition carries that across runs).
+GATED = dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed()
+
+
 def lineage(context: Any, asset: str, code_version: str, upstream: dict[str, int]) -> Lineage:
     return Lineage(context.run.run_id, asset, code_version, upstream)
 

@@ -6,7 +6,7 @@ import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
-from assets._io import check_spec, lineage, plot_md, write_checked
+from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
 from cowork_pipeline.evaluation import aggregate, comparison_table, evaluate
 from cowork_pipeline.quality import Expect
@@ -24,7 +24,7 @@ def _latest(ckpts: pl.DataFrame, kind: str) -> list[dict]:
 
 @dg.asset(group_name="evaluation", code_version="1", deps=["checkpoints", "rl_checkpoints", "environment_splits"],
           check_specs=[check_spec("benchmark_scores", "every trial scored in [0, 1], ids present for lineage")],
-          automation_condition=dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed())
+          automation_condition=GATED)
 def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource, compute: ComputeResource):
     """Base, SFT and RL students and the teacher, k trials each on held-out environments (Claw-Eval scoring)."""
     from cowork_pipeline.agents.hf_agent import HFAgent

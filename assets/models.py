@@ -7,7 +7,7 @@ import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
-from assets._io import check_spec, lineage, plot_md, write_checked
+from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from cowork_pipeline.demonstrations import collect_teacher_trajectories, contamination_audit, curate, sft_records
 from cowork_pipeline.lake import Lake
 from cowork_pipeline.quality import Expect
@@ -51,7 +51,7 @@ def register_checkpoints(context, lk: Lake, rows: list[dict], upstream: dict[str
 
 @dg.asset(group_name="demonstrations", code_version="1", deps=["environment_splits"],
           check_specs=[check_spec("teacher_trajectories", "unique trajectory ids")],
-          automation_condition=dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed())
+          automation_condition=GATED)
 def teacher_trajectories(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
     """The embedded teacher solves every training environment (with injected faults); each run graded by its checkers."""
     from cowork_pipeline.validation.sandbox import Sandbox
@@ -69,7 +69,7 @@ def teacher_trajectories(context: AssetExecutionContext, lake: LakeResource, pro
 
 @dg.asset(group_name="demonstrations", code_version="1", deps=["teacher_trajectories", "environment_splits"],
           check_specs=[check_spec("demonstrations", "contamination gate: no held-out environment or capability lineage")],
-          automation_condition=dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed())
+          automation_condition=GATED)
 def demonstrations(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
     """Checker-passing, deduplicated, length-capped teacher trajectories of training environments; exported as a HF dataset."""
     lk = lake.lake()
@@ -113,7 +113,7 @@ def _loss_plot(curve: list[dict], title: str):
 
 @dg.multi_asset(
     specs=[dg.AssetSpec("sft_checkpoint", deps=["demonstrations"], group_name="training", code_version="1",
-                        automation_condition=dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed()),
+                        automation_condition=GATED),
            dg.AssetSpec("checkpoints", group_name="training", skippable=True)],
     check_specs=[check_spec("sft_checkpoint", "loss curve recorded and finite"), check_spec("checkpoints", "unique checkpoint ids")],
     pool="gpu", can_subset=True,

@@ -7,7 +7,7 @@ import dagster as dg
 from dagster import AssetExecutionContext
 import polars as pl
 
-from assets._io import check_spec, lineage, plot_md, write_checked
+from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from cowork_pipeline.capabilities import CATALOG_DIR, load_catalog, parse_capability
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
@@ -118,7 +118,7 @@ def _repair_plot(cap_id: str, tel: dict) -> dg.MetadataValue:
 
 @dg.asset(group_name="synthesis", code_version="1", deps=["validated_environments", "capability_specs"],
           check_specs=[check_spec("environment_splits", "unique ids, known splits, held-out capabilities disjoint from training")],
-          automation_condition=dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed())
+          automation_condition=GATED)
 def environment_splits(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
     """Train / held-out environments / held-out capabilities, disjoint by capability lineage."""
     lk = lake.lake()
