@@ -16,6 +16,16 @@ def matches(query: str | None, *fields: Any) -> bool:
     return all(term in hay for term in query.lower().split())
 
 
+def requested_changes(**fields: Any) -> dict[str, Any]:
+    """The fields a partial update actually sets (None = leave as is); an update that sets nothing is an error."""
+    changes = {k: v for k, v in fields.items() if v is not None}
+    if not changes:
+        names = list(fields)
+        listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+        raise ToolError("invalid_arguments", f"nothing to change: pass {listed}")
+    return changes
+
+
 def limit_rows(rows: Iterable[dict[str, Any]], limit: int | None, default: int = 20) -> list[dict[str, Any]]:
     n = default if limit is None else limit
     return list(rows)[:n]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cowork_pipeline.services._util import matches, pick
+from cowork_pipeline.services._util import matches, pick, requested_changes
 from cowork_pipeline.services.registry import P, ToolError, tool
 from cowork_pipeline.services.workspace import Workspace
 
@@ -44,9 +44,7 @@ def create(ws: Workspace, folder_id: str, title: str, content: str) -> dict[str,
       P("content", "string", "New full text", required=False), mutates=True)
 def update(ws: Workspace, doc_id: str, title: str | None = None, content: str | None = None) -> dict[str, Any]:
     ws.get(DOC, doc_id, "document")
-    changes = {k: v for k, v in (("title", title), ("content", content)) if v is not None}
-    if not changes:
-        raise ToolError("invalid_arguments", "nothing to change: pass title or content")
+    changes = requested_changes(title=title, content=content)
     return pick(ws.update(DOC, doc_id, **changes, updated=ws.now()), *_SUMMARY)
 
 

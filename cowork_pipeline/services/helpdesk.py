@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cowork_pipeline.services._util import matches, pick
-from cowork_pipeline.services.registry import P, ToolError, tool
+from cowork_pipeline.services._util import matches, pick, requested_changes
+from cowork_pipeline.services.registry import P, tool
 from cowork_pipeline.services.workspace import Workspace
 
 TK = "helpdesk.tickets"
@@ -52,9 +52,7 @@ def create_ticket(ws: Workspace, subject: str, requester: str, description: str,
 def update_ticket(ws: Workspace, ticket_id: str, status: str | None = None, priority: str | None = None,
                   assignee: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:
     ws.get(TK, ticket_id, "ticket")
-    changes = {k: v for k, v in (("status", status), ("priority", priority), ("assignee", assignee), ("tags", tags)) if v is not None}
-    if not changes:
-        raise ToolError("invalid_arguments", "nothing to change: pass status, priority, assignee or tags")
+    changes = requested_changes(status=status, priority=priority, assignee=assignee, tags=tags)
     return pick(ws.update(TK, ticket_id, **changes), *_SUMMARY)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cowork_pipeline.services._util import pick
+from cowork_pipeline.services._util import pick, requested_changes
 from cowork_pipeline.services.registry import P, ToolError, tool
 from cowork_pipeline.services.workspace import Workspace
 
@@ -45,10 +45,7 @@ def create(ws: Workspace, title: str, assignee: str | None = None, due: str | No
 def update(ws: Workspace, task_id: str, title: str | None = None, assignee: str | None = None, due: str | None = None,
            status: str | None = None, priority: str | None = None, notes: str | None = None) -> dict[str, Any]:
     ws.get(TSK, task_id, "task")
-    changes = {k: v for k, v in (("title", title), ("assignee", assignee), ("due", due), ("status", status),
-                                 ("priority", priority), ("notes", notes)) if v is not None}
-    if not changes:
-        raise ToolError("invalid_arguments", "nothing to change")
+    changes = requested_changes(title=title, assignee=assignee, due=due, status=status, priority=priority, notes=notes)
     return pick(ws.update(TSK, task_id, **changes), *_SUMMARY)
 
 
