@@ -305,3 +305,15 @@ def test_foreign_checkpoint_gets_lora_and_chat_tokens(corpus, dataset, tmp_path)
     im_end = agent.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end in agent.stop_ids and agent.model.config.vocab_size >= len(agent.tokenizer)
     assert agent.act(prompt(), TOOLS)["role"] == "assistant"
+
+
+# --- settings -----------------------------------------------------------------------------------------------
+def test_sft_settings_resolve_per_kind_of_checkpoint():
+    from cowork_pipeline.training.sft import SFTSettings, resolve_settings
+
+    student = resolve_settings(SFTSettings(), student=True)
+    assert (student.lora, student.assistant_only_loss) == (False, False)
+    pretrained = resolve_settings(SFTSettings(), student=False)
+    assert (pretrained.lora, pretrained.assistant_only_loss) == (True, True)
+    explicit = resolve_settings(SFTSettings(lora=True, assistant_only_loss=True), student=True)
+    assert (explicit.lora, explicit.assistant_only_loss) == (True, True)

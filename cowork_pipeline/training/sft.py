@@ -20,7 +20,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -113,6 +113,13 @@ class SFTSettings:
     seed: int = 0
     device: str = "auto"
     logging_steps: int = 1
+    # Batches of similar length: demonstrations vary 2-3x in length, and padding a batch to its longest member
+    # is pure wasted compute on CPU (no padding-free kernels there).
+    sampling: str = "group_by_length"  # or "random"
+    # None = auto. The random-init student learns language from the demonstrations themselves, so it is trained on
+    # every token (tool results and requests are most of its corpus); a pretrained checkpoint learns only the
+    # assistant turns.
+    assistant_only_loss: bool | None = None
 
 
 @dataclass
@@ -168,6 +175,13 @@ def _loss_recorder(curve: list[dict[str, float]], on_log: Callable[[dict[str, fl
     return LossRecorder()
 
 
+def resolve_settings(settings: SFTSettings, *, student: bool) -> SFTSettings:
+    """``settings`` with its automatic (None) choices made for a random-init student or a pretrained checkpoint."""
+    return replace(settings,
+                   lora=settings.lora if settings.lora is not None else not student,
+                   assistant_only_loss=settings.assistant_only_loss if settings.assistant_only_loss is not None else not student)
+
+
 def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora: bool) -> Any:
     """Our SFTConfig. CPU: fp32, no gradient checkpointing (TRL's defaults, bf16 autocast + checkpointing, are
     far slower on CPU), no reporting, no hub, no intermediate checkpoints."""
@@ -191,7 +205,8 @@ def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora:
         warmup_steps=settings.warmup,
         weight_decay=settings.weight_decay,
         max_length=settings.max_length,
-        assistant_only_loss=True,
+        train_sampling_strategy=settings.sampling,
+        assistant_only_loss=settings.assistant_only_loss is not False,
         packing=False,  # BFD packing needs padding-free FlashAttention; not available on CPU
         logging_steps=settings.logging_steps,
         save_strategy="no",
@@ -226,7 +241,9 @@ def train_sft(
     settings = settings or SFTSettings()
     base = check_checkpoint(base_checkpoint)
     device = resolve_device(settings.device)
-    use_lora = settings.lora if settings.lora is not None else not is_student_checkpoint(base)
+    student = is_student_checkpoint(base)
+    settings = resolve_settings(settings, student=student)
+    use_lora = bool(settings.lora)
     if not hasattr(dataset, "column_names"):
         dataset = to_sft_dataset(dataset)
     missing = {"messages", "tools"} - set(dataset.column_names)

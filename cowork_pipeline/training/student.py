@@ -105,7 +105,10 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | Path 
 
     special = list(CONTROL_TOKENS) + list(MARKUP_TOKENS)
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Digits are split one per token (as in Qwen/Llama): ids, amounts and dates then tokenize the same way in
+    # every environment, so copying a value the student has never seen is the same skill as copying a seen one.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     # trim_offsets=False: offsets must cover whitespace exactly for return_assistant_tokens_mask (as in Qwen).
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
