@@ -30,16 +30,7 @@ FIXED_ARGS = {"to": ["team@example.com"], "subject": "Update", "body": "Status u
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    # Tiny models gain nothing from intra-op threads, while on a shared, oversubscribed CI box OpenMP
-    # spin-waiting makes them many times slower. Restored afterwards for other test modules.
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 def demonstrations(n: int = 20) -> list[dict]:
