@@ -380,6 +380,17 @@ class _Tracer:
         self._seen.add(key)
         return False
 
+    def settled(self, kind: str, id_: str, hit: _Row | None, missing: str, why: str) -> LineageNode | None:
+        """The node that ends a branch: a 'not found' node (with ``why``) when there is no row, a reference to the
+        node already printed when this row was seen before; None when the caller must expand the row."""
+        if hit is None:
+            n = LineageNode(kind, id_, missing)
+            n.notes.append(why)
+            return n
+        if self.seen(kind, id_, hit.table, hit.version):
+            return LineageNode(kind, id_, ref=True)
+        return None
+
     def expand_limit(self, items: list[Any]) -> tuple[list[Any], int]:
         if self.max_items and len(items) > self.max_items:
             return items[: self.max_items], len(items) - self.max_items
@@ -431,12 +442,10 @@ class _Tracer:
                        "training_data": "none"}
             return n
         hit = self.find_checkpoint(ckpt, versions)
-        if hit is None:
-            n = LineageNode("checkpoint", ckpt, "not in the checkpoint tables")
-            n.notes.append(f"neither {' nor '.join(CHECKPOINT_TABLES)} has a row for this id (external or deleted checkpoint)")
-            return n
-        if self.seen("checkpoint", ckpt, hit.table, hit.version):
-            return LineageNode("checkpoint", ckpt, ref=True)
+        end = self.settled("checkpoint", ckpt, hit, "not in the checkpoint tables",
+                           f"neither {' nor '.join(CHECKPOINT_TABLES)} has a row for this id (external or deleted checkpoint)")
+        if end is not None:
+            return end
         r = hit.row
         n = self.node("checkpoint", ckpt, hit, f"{r.get('kind')} checkpoint")
         data_versions = {k: int(v) for k, v in _loads(r.get("data_versions_json"), {}).items()}
@@ -570,13 +579,11 @@ class _Tracer:
             hit = self.lookup("rejected_environments", "env_id", env_id, v) if v is not None else None
             if hit is None:
                 hit = self.lookup("rejected_environments", "env_id", env_id, version, partition=cap_guess)
-        if hit is None:
-            n = LineageNode("environment", env_id, "not found in validated_environments or rejected_environments")
-            n.notes.append("the synthesis tables have no row for this environment (table missing or rows replaced)")
-            return n
+        end = self.settled("environment", env_id, hit, "not found in validated_environments or rejected_environments",
+                           "the synthesis tables have no row for this environment (table missing or rows replaced)")
+        if end is not None:
+            return end
         r = hit.row
-        if self.seen("environment", env_id, hit.table, hit.version):
-            return LineageNode("environment", env_id, ref=True)
         cap_id = r.get("capability_id") or cap_guess
         n = self.node("environment", env_id, hit, r.get("title") or f"{status} environment", partition=cap_id)
         if status == "certified":
@@ -613,12 +620,10 @@ class _Tracer:
 
     def capability(self, cap_id: str, version: int | None, expect_fingerprint: str | None = None) -> LineageNode:
         hit = self.lookup("capability_specs", "capability_id", cap_id, version)
-        if hit is None:
-            n = LineageNode("capability", cap_id, "not found in capability_specs")
-            n.notes.append(f"capability_specs{'@' + str(version) if version is not None else ''} has no row for it")
-            return n
-        if self.seen("capability", cap_id, hit.table, hit.version):
-            return LineageNode("capability", cap_id, ref=True)
+        end = self.settled("capability", cap_id, hit, "not found in capability_specs",
+                           f"capability_specs{'@' + str(version) if version is not None else ''} has no row for it")
+        if end is not None:
+            return end
         r = hit.row
         n = self.node("capability", cap_id, hit, r.get("title") or "")
         n.attrs = {k: r.get(k) for k in ("fingerprint", "composer", "multi_turn", "heldout", "services", "tools")}
