@@ -79,7 +79,8 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     demos = demonstrations(args.batch * args.steps)
     ckpt = args.checkpoint or build_student([render_conversation(d["messages"], d["tools"]) for d in demos],
-                                            Path(tmp.name) / "student", StudentConfig())
+                                            # Plain Qwen3 (no pointer head): both runs use TRL's own loss.
+                                            Path(tmp.name) / "student", StudentConfig(pointer_dim=0))
     dataset = to_sft_dataset(demos)
     device = resolve_device("auto")
     common = dict(max_steps=args.steps, per_device_train_batch_size=args.batch, assistant_only_loss=True,

@@ -120,6 +120,10 @@ class SFTSettings:
     # every token (tool results and requests are most of its corpus); a pretrained checkpoint learns only the
     # assistant turns.
     assistant_only_loss: bool | None = None
+    # Weight of assistant tokens relative to the others when the loss covers every token (pointer student only:
+    # its loss is ours; TRL's fused loss has no per-token weights). The assistant turns are ~13% of a
+    # demonstration's tokens but all of what is graded.
+    assistant_loss_weight: float = 1.0
 
 
 @dataclass
@@ -175,6 +179,38 @@ def _loss_recorder(curve: list[dict[str, float]], on_log: Callable[[dict[str, fl
     return LossRecorder()
 
 
+def _trainer_class(model: Any, settings: SFTSettings) -> Any:
+    """SFTTrainer, or for the pointer student a subclass whose loss is the model's own.
+
+    TRL computes the loss from the backbone's hidden states through the LM head alone (its fused head), which
+    would train the pointer student as a plain LM and leave the copy head untrained."""
+    import torch
+    from trl import SFTTrainer
+
+    from cowork_pipeline.training.pointer import PointerQwen3ForCausalLM
+
+    if not isinstance(model, PointerQwen3ForCausalLM):
+        return SFTTrainer
+
+    other_weight = 0.0 if settings.assistant_only_loss else 1.0
+
+    class PointerSFTTrainer(SFTTrainer):
+        def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            kw = {k: inputs[k] for k in ("input_ids", "attention_mask", "position_ids") if k in inputs}
+            # TRL labelled the assistant tokens only (its assistant mask, always requested for this model):
+            # every real token gets its label back, weighted by whose it is, and the pointer is trained on the
+            # assistant's tokens.
+            assistant = inputs["labels"] != -100
+            real = inputs["attention_mask"].bool() if "attention_mask" in inputs else torch.ones_like(assistant)
+            weights = torch.where(assistant, settings.assistant_loss_weight, other_weight) * real
+            labels = inputs["input_ids"].masked_fill(~real, -100)
+            outputs = model(**kw, labels=labels, label_weights=weights, pointer_mask=assistant, use_cache=False)
+            return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    return PointerSFTTrainer
+
+
 def resolve_settings(settings: SFTSettings, *, student: bool) -> SFTSettings:
     """``settings`` with its automatic (None) choices made for a random-init student or a pretrained checkpoint."""
     return replace(settings,
@@ -182,7 +218,7 @@ def resolve_settings(settings: SFTSettings, *, student: bool) -> SFTSettings:
                    assistant_only_loss=settings.assistant_only_loss if settings.assistant_only_loss is not None else not student)
 
 
-def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora: bool) -> Any:
+def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora: bool, pointer: bool = False) -> Any:
     """Our SFTConfig. CPU: fp32, no gradient checkpointing (TRL's defaults, bf16 autocast + checkpointing, are
     far slower on CPU), no reporting, no hub, no intermediate checkpoints."""
     import torch
@@ -206,7 +242,9 @@ def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora:
         weight_decay=settings.weight_decay,
         max_length=settings.max_length,
         train_sampling_strategy=settings.sampling,
-        assistant_only_loss=settings.assistant_only_loss is not False,
+        # The pointer student's trainer always needs TRL's assistant mask to tell the assistant tokens apart; it
+        # restores the other labels itself.
+        assistant_only_loss=settings.assistant_only_loss is not False or pointer,
         packing=False,  # BFD packing needs padding-free FlashAttention; not available on CPU
         logging_steps=settings.logging_steps,
         save_strategy="no",
@@ -279,9 +317,10 @@ def train_sft(
             peft_config.modules_to_save = ["embed_tokens", "lm_head"]
 
     curve: list[dict[str, float]] = []
-    trainer = SFTTrainer(
+    trainer_cls = _trainer_class(model, settings)
+    trainer = trainer_cls(
         model=model,
-        args=sft_config(work, settings, device, lora=use_lora),
+        args=sft_config(work, settings, device, lora=use_lora, pointer=trainer_cls is not SFTTrainer),
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
