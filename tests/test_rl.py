@@ -292,7 +292,7 @@ def test_rollouts_record_every_assistant_message(warm, env, drafted, sandbox):
     from cowork_pipeline.agents.hf_agent import HFAgent
     from cowork_pipeline.training.rl import _forward_logprobs, _vocab_limit
 
-    policy = HFAgent(warm["sft"], device="cpu", dtype=torch.float32)
+    policy = HFAgent(warm["sft"], device="cpu", dtype=torch.float32, strict_tools=False)  # as train_rl samples
     cfg = RLConfig("check", group_size=2, max_new_tokens=48, max_steps_per_turn=3, kl_coef=0.1, inner_epochs=2, lr=1e-4)
     ref = copy.deepcopy(policy.model)
     rollouts = collect_rollouts(policy, [env, drafted], sandbox, cfg, step=0, seed=3, ref_model=ref)

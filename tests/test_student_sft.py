@@ -80,7 +80,8 @@ def trained(student_dir, dataset, tmp_path_factory):
 
     logged = []
     result = train_sft(student_dir, dataset, tmp_path_factory.mktemp("sft"),
-                       SFTSettings(max_steps=150, lr=3e-3, batch_size=4, max_length=512, device="cpu"),
+                       SFTSettings(max_steps=150, lr=3e-3, batch_size=4, max_length=512, device="cpu",
+                                   assistant_loss_weight=2.0),
                        on_log=logged.append)
     return result, logged
 
@@ -91,7 +92,12 @@ def test_student_reloads_with_auto_classes(student_dir):
 
     tok = AutoTokenizer.from_pretrained(student_dir)
     model = AutoModelForCausalLM.from_pretrained(student_dir)
-    assert model.config.model_type == "qwen3"
+    from transformers import Qwen3ForCausalLM
+
+    from cowork_pipeline.training.pointer import POINTER_MODEL_TYPE
+
+    # A Qwen3 with the pointer head (training/pointer.py), registered with the Auto classes.
+    assert model.config.model_type == POINTER_MODEL_TYPE and isinstance(model, Qwen3ForCausalLM)
     assert model.config.vocab_size >= len(tok) and model.config.vocab_size % 64 == 0
     assert tok.chat_template == CHAT_TEMPLATE
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
@@ -214,8 +220,11 @@ def test_sample_with_logprobs(trained):
 
     from cowork_pipeline.agents.hf_agent import HFAgent
 
-    agent = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=48)
+    agent = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=48, strict_tools=False)
     convs = [(prompt(), TOOLS), (prompt("bob"), TOOLS)]
+    strict = HFAgent(trained[0].checkpoint, device="cpu", max_new_tokens=48).sample_with_logprobs(convs, temperature=1.0, seed=7)
+    for s in strict:  # the grammar only removes tokens: what is sampled is at least as likely as under the raw model
+        assert all(a >= b - 1e-5 for a, b in zip(s.sampling_logprobs, s.logprobs))
     samples = agent.sample_with_logprobs(convs, temperature=1.0, seed=7)
     again = agent.sample_with_logprobs(convs, temperature=1.0, seed=7)
     assert [s.completion_ids for s in samples] == [s.completion_ids for s in again]  # seeded

@@ -15,6 +15,11 @@ kept. If even system block + latest unit does not fit, nothing is generated and 
 carries ``parse_error = "context_overflow: ..."`` (the runner turns it into a failed step).
 
 Prompts are rendered with ``chat_format.render_prompt`` (always ``CHAT_TEMPLATE``), exactly as SFT data is.
+
+Strict tool calls (``strict_tools=True``, the default): when tools are offered, each row's next-token logits are
+masked by a grammar of the offered tools' schemas (``agents/constrained.py``), so every ``<tool_call>`` the model
+opens names an offered tool with arguments valid for it. ``Generation.logprobs`` stay the raw model's;
+``sampling_logprobs`` are those of the masked distribution actually sampled from.
 """
 from __future__ import annotations
 
@@ -110,6 +115,7 @@ class HFAgent:
         max_context_tokens: int | None = None,
         batch_size: int = 16,
         dtype: Any = None,
+        strict_tools: bool = True,
     ) -> None:
         import torch
 
@@ -152,6 +158,13 @@ class HFAgent:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._n_real_tokens = len(self.tokenizer)
+        # Strict tool calls (agents/constrained.py): tool calls must match the offered tools' schemas.
+        self.constraint = None
+        if strict_tools:
+            from cowork_pipeline.agents.constrained import ToolCallConstraint
+
+            vocab_rows = int(self.model.get_output_embeddings().weight.shape[0])
+            self.constraint = ToolCallConstraint(self.tokenizer, vocab_rows, self.stop_ids)
 
     # --- Agent protocol -------------------------------------------------------------------------------------
     def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> Message:
@@ -243,7 +256,8 @@ class HFAgent:
         prompts.sort(key=lambda p: len(p[1]))
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
-            outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator)
+            outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
+                                [conversations[i][1] for i, _ in chunk])
             for (i, ids), (comp, lps, slps, finished) in zip(chunk, outs):
                 messages = conversations[i][0]
                 results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages))
@@ -257,7 +271,8 @@ class HFAgent:
         return Generation(message, text, prompt_ids, comp, "stop" if stopped else "length", lps, slps)
 
     def _decode(
-        self, prompts: list[list[int]], temperature: float, top_p: float, max_new: int, generator: Any
+        self, prompts: list[list[int]], temperature: float, top_p: float, max_new: int, generator: Any,
+        tools: Sequence[Sequence[ToolSchema] | None] | None = None,
     ) -> list[tuple[list[int], list[float], list[float], bool]]:
         import torch
         from transformers import DynamicCache
@@ -293,6 +308,10 @@ class HFAgent:
         slps: list[list[float]] = [[] for _ in range(n)]
         stopped = [False] * n
         rows = torch.arange(n, device=dev)  # original index of each live batch row
+        matchers = [self.constraint.matcher(t) for t in tools] if (self.constraint is not None and tools) else None
+        if matchers is not None and all(m is None for m in matchers):
+            matchers = None
+        bitmask = self.constraint.bitmask(n) if matchers is not None else None
         with torch.inference_mode():
             if shared:
                 prefix = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
@@ -306,6 +325,12 @@ class HFAgent:
                 if self._n_real_tokens < logits.shape[-1]:
                     # Embedding rows past the tokenizer's vocab (size padding) are never chosen.
                     logits[:, self._n_real_tokens:] = float("-inf")
+                if matchers is not None:
+                    self.constraint.apply(logits, [matchers[r] for r in rows.tolist()], bitmask)
+                    # A row the grammar leaves no token for (cannot happen for a well-formed grammar) ends its turn.
+                    dead = torch.isinf(logits).all(-1)
+                    if bool(dead.any()):
+                        logits[dead, self.stop_ids[0]] = 0.0
                 if temperature <= 0.0:
                     tok = logits.argmax(dim=-1)
                     samp_logp = torch.zeros_like(tok, dtype=torch.float)  # greedy: the chosen token has prob 1
@@ -325,6 +350,8 @@ class HFAgent:
                     lps[r].append(lp_l[j])
                     slps[r].append(slp_l[j])
                     stopped[r] = bool(done_l[j])
+                    if matchers is not None and matchers[r] is not None and not matchers[r].is_terminated():
+                        matchers[r].accept_token(tok_l[j])
                 live_l = [not stopped[r] for r in rows_l]
                 n_live = sum(live_l)
                 if step == max_new - 1 or n_live == 0:

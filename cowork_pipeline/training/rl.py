@@ -597,8 +597,12 @@ def train_rl(base_checkpoint: str | Path, envs: Sequence[Any], sandbox: Any, con
     dev = resolve_device(device)
     torch.manual_seed(config.seed)
     # fp32 master weights for the update; the same module samples (no copy between sampling and training).
+    # Sampling is unconstrained (strict_tools=False): the update recomputes the model's own distribution, and a
+    # grammar-masked behaviour policy would make first-epoch ratios != 1 (as top-p would); invalid calls are
+    # simply what the rewards teach the policy out of.
     policy = HFAgent(base_checkpoint, device=dev, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                     top_p=config.top_p, seed=config.seed, batch_size=config.gen_batch_size, dtype=torch.float32)
+                     top_p=config.top_p, seed=config.seed, batch_size=config.gen_batch_size, dtype=torch.float32,
+                     strict_tools=False)
     model = policy.model
     for p in model.parameters():
         p.requires_grad_(True)
