@@ -24,6 +24,10 @@ class Limits:
     max_steps_per_turn: int = 16  # assistant messages per user turn
     max_turns: int = 8
     max_tool_calls: int = 64  # per episode
+    # A call repeated verbatim (same tool, same arguments) more than this many times in one turn, not counting
+    # attempts that hit an injected fault, ends the episode as ``stuck``: a looping agent has stopped making
+    # progress, and running it to the step limit only costs time (and repeats its writes). None: no limit.
+    max_repeated_calls: int | None = 3
 
 
 class UserSimulator(Protocol):
@@ -46,7 +50,7 @@ class Trajectory:
     messages: list[dict[str, Any]]
     steps: list[dict[str, Any]]  # one per tool call: turn, call_id, tool, args, ok, error, fault, seconds
     turns_completed: int
-    termination: str  # completed | max_steps | max_turns | max_tool_calls | agent_error | event_failed
+    termination: str  # completed | max_steps | max_turns | max_tool_calls | stuck | agent_error | event_failed
     termination_detail: str = ""
     faults: list[dict[str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] = field(default_factory=list)
@@ -201,6 +205,7 @@ def episode(
             break
         messages.append({"role": "user", "content": text})
         reply: str | None = None
+        repeats: dict[str, int] = {}  # canonical call -> times run without a fault in this turn
         for _ in range(limits.max_steps_per_turn):
             try:
                 msg = _normalize((yield messages, tools))
@@ -216,8 +221,16 @@ def episode(
                 if n_calls >= limits.max_tool_calls:
                     termination, detail = "max_tool_calls", f"tool call limit {limits.max_tool_calls} reached"
                     break
+                key = _call_key(call)
+                if limits.max_repeated_calls is not None and repeats.get(key, 0) >= limits.max_repeated_calls:
+                    termination = "stuck"
+                    detail = f"turn {turn_idx}: the same call was repeated more than {limits.max_repeated_calls} times: {key[:200]}"
+                    break
                 n_calls += 1
-                steps.append(_execute(ws, call, messages, turn_idx, exposed))
+                step = _execute(ws, call, messages, turn_idx, exposed)
+                steps.append(step)
+                if step["fault"] is None:
+                    repeats[key] = repeats.get(key, 0) + 1
             if termination != "completed":
                 break
         else:
@@ -268,6 +281,15 @@ def _execute(ws: Workspace, call: Any, messages: list[dict[str, Any]], turn: int
     messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": content})
     step["seconds"] = time.perf_counter() - t0
     return step
+
+
+def _call_key(call: Any) -> str:
+    """The call as a canonical string (tool name and arguments, keys sorted), for repeat detection."""
+    _id, name, args, _bad = _unpack(call)
+    try:
+        return name + " " + json.dumps(args, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return f"{name} {args!r}"
 
 
 def _unpack(call: Any) -> tuple[str, str, Any, str | None]:

@@ -354,7 +354,7 @@ def test_same_seed_same_episode() -> None:
 # Limits
 # =======================================================================================
 def test_step_limit() -> None:
-    t = run_episode(make_env(), Looping(), limits=Limits(max_steps_per_turn=5))
+    t = run_episode(make_env(), Looping(), limits=Limits(max_steps_per_turn=5, max_repeated_calls=None))
     assert t.termination == "max_steps" and "step limit 5" in t.termination_detail
     assert len(t.steps) == 5 and t.replies == [None] and t.turn_ends == [5]
     assert t.turns_completed == 0 and not t.evidence(0)["completed"] and not t.evidence()["completed"]
@@ -363,10 +363,38 @@ def test_step_limit() -> None:
 
 
 def test_tool_call_limit() -> None:
-    t = run_episode(make_env(), Looping(per_message=3), limits=Limits(max_tool_calls=7))
+    t = run_episode(make_env(), Looping(per_message=3), limits=Limits(max_tool_calls=7, max_repeated_calls=None))
     assert t.termination == "max_tool_calls" and "tool call limit 7" in t.termination_detail
     assert len(t.steps) == 7 and len(t.audit) == 7 and t.turns_completed == 0
     serializable(t)
+
+
+def test_repeated_call_ends_episode_as_stuck() -> None:
+    t = run_episode(make_env(), Looping())  # default limits: 3 identical calls per turn
+    assert t.termination == "stuck" and "repeated more than 3 times" in t.termination_detail
+    assert "tasks_list {}" in t.termination_detail
+    assert len(t.steps) == 3 and len(t.audit) == 3 and t.turns_completed == 0 and t.replies == [None]
+    serializable(t)
+
+
+def test_repeat_count_is_per_call_and_per_turn_and_skips_faults() -> None:
+    class Varying(Looping):
+        def act(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+            self.n += 1
+            if self.n > 8:
+                return assistant_message("done")
+            # Two different calls alternating: each with its own arguments, made 4 times apiece.
+            return assistant_message(None, [tool_call(f"c{self.n}", "tasks_list", {"status": "todo" if self.n % 2 else "done"})])
+
+    t = run_episode(make_env(), Varying(), limits=Limits(max_repeated_calls=4))
+    assert t.termination == "completed" and len(t.steps) == 8
+    t = run_episode(make_env(), Varying(), limits=Limits(max_repeated_calls=3))
+    assert t.termination == "stuck" and len(t.steps) == 6  # the 4th "todo" call (7th call) is not run
+
+    # Faulted attempts are retries, not repeats: a high fault rate lets the same call run more than 3 times.
+    t = run_episode(make_env(), Looping(), faults=FaultConfig(rate=0.5, seed=1))
+    assert t.termination == "stuck"
+    assert len(t.steps) == 3 + len(t.faults) and t.faults
 
 
 def test_turn_limit() -> None:
@@ -386,7 +414,7 @@ def test_limit_in_second_turn_keeps_first_turn_evidence() -> None:
                 return assistant_message("first turn done")
             return super().act(messages, tools)
 
-    t = run_episode(make_env(), FirstThenLoop(), limits=Limits(max_steps_per_turn=3))
+    t = run_episode(make_env(), FirstThenLoop(), limits=Limits(max_steps_per_turn=3, max_repeated_calls=None))
     assert t.termination == "max_steps" and "turn 1" in t.termination_detail
     assert t.turns_completed == 1 and t.replies == ["first turn done", None]
     assert t.evidence(0)["completed"] and not t.evidence(1)["completed"]
