@@ -7,6 +7,10 @@ its KV copied to every row instead of being recomputed per row. Finished rows ar
 from the batch (and the cache) as soon as half of them are done, so a long straggler does not keep paying for the
 rest. Each sequence stops at ``<|im_end|>`` (or ``<|endoftext|>`` / the checkpoint's eos ids).
 
+KV reuse (``prefix_cache_mb``, ``agents/prefix_cache.py``): the KV of every finished generation is kept, and the
+next step of the same conversation (its prompt extends the previous prompt) prefills only its new tokens. Decode
+steps write into a preallocated cache instead of concatenating it again per token.
+
 Context policy (``max_context_tokens``, default the model's ``max_position_embeddings``): a prompt must leave room
 for ``max_new_tokens``. If it does not, history is truncated from the left in whole units (a message plus the tool
 results that answer it, so no orphan tool results), oldest first, always keeping the first system message (it
@@ -30,6 +34,7 @@ from typing import Any, Sequence
 
 from cowork_pipeline.agents.base import Message, ToolSchema
 from cowork_pipeline.agents.chat_format import END_OF_TEXT, IM_END, parse_assistant_output, render_prompt
+from cowork_pipeline.agents.prefix_cache import PrefixCache, buffered
 
 Conversation = tuple[Sequence[Message], Sequence[ToolSchema]]
 
@@ -116,6 +121,7 @@ class HFAgent:
         batch_size: int = 16,
         dtype: Any = None,
         strict_tools: bool = True,
+        prefix_cache_mb: int = 2048,
     ) -> None:
         import torch
 
@@ -158,6 +164,9 @@ class HFAgent:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._n_real_tokens = len(self.tokenizer)
+        # KV reuse across the steps of a conversation (agents/prefix_cache.py); 0 turns it off.
+        self._prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb > 0 else None
+        self._cached_weights = self._weights_version()
         # Strict tool calls (agents/constrained.py): tool calls must match the offered tools' schemas.
         self.constraint = None
         if strict_tools:
@@ -238,6 +247,11 @@ class HFAgent:
         top_p = self.top_p if top_p is None else float(top_p)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         seed = self.seed if seed is None else int(seed)
+        if self._prefix_cache is not None:
+            version = self._weights_version()
+            if version != self._cached_weights:
+                self._prefix_cache.clear()
+            self._cached_weights = version
         generator = torch.Generator(device=self.device).manual_seed(seed)
 
         results: list[Generation | None] = [None] * len(conversations)
@@ -281,27 +295,55 @@ class HFAgent:
         n = len(prompts)
         cache = DynamicCache(config=self.model.config)
         kw = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
-        # Shared prefix (system block + tools, identical across a rollout batch): prefill it once and copy its KV
-        # to every row. Each row keeps at least one own token so that its last-position logits exist.
-        shared = _common_prefix_len(prompts) if n > 1 else 0
-        shared = min(shared, min(len(p) for p in prompts) - 1)
-        if shared < self.min_shared_prefix:
+        # Layout per row: [cache region: left padding, own cached tokens][left padding][own suffix][new tokens].
+        # The cache region holds either KV reused from this conversation's previous step (prefix_cache.py) or
+        # the prompt prefix common to the whole batch (in rollouts: the system block with the tools list, most of
+        # every prompt), prefilled once and copied to every row instead of being recomputed per row.
+        reused = [self._prefix_cache.take(p) for p in prompts] if self._reuse_enabled(cache) else [None] * n
+        if any(r is not None for r in reused):
+            cached = [r[0] if r is not None else 0 for r in reused]
+            region = max(cached)
+            with torch.inference_mode():
+                self._fill_cache(cache, reused, region)
             shared = 0
-        suffixes = [p[shared:] for p in prompts]
+        else:
+            # Each row keeps at least one own token so that its last-position logits exist.
+            shared = _common_prefix_len(prompts) if n > 1 else 0
+            shared = min(shared, min(len(p) for p in prompts) - 1)
+            if shared < self.min_shared_prefix:
+                shared = 0
+            cached, region = [shared] * n, shared
+        suffixes = [p[c:] for p, c in zip(prompts, cached)]
         sw = max(len(x) for x in suffixes)
-        width = shared + sw
-        # Layout per row: [shared prefix][left padding][own suffix][new tokens]. The mask is allocated once for
-        # the prompt and all new tokens and sliced per step; future columns are 1 but only [:, :cur] is read.
+        width = region + sw
+        # The mask is allocated once for the prompt and all new tokens and sliced per step; future columns are 1
+        # but only [:, :cur] is read.
         full_attn = torch.ones((n, width + max_new), dtype=torch.long)
         suffix_ids = torch.full((n, sw), self.pad_id, dtype=torch.long)
         for r, x in enumerate(suffixes):
-            full_attn[r, shared : width - len(x)] = 0
+            full_attn[r, : region - cached[r]] = 0
+            full_attn[r, region : width - len(x)] = 0
             suffix_ids[r, sw - len(x):] = torch.tensor(x, dtype=torch.long)
         full_attn, suffix_ids = full_attn.to(dev), suffix_ids.to(dev)
         attn = full_attn[:, :width]
         # Positions count real tokens only, so a padded row sees the same RoPE phases as an unpadded one.
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         stop = torch.tensor(self.stop_ids, device=dev)
+
+        def kept_columns(r: int) -> Any:
+            """Cache columns holding row r's fed tokens: its prompt and all but the last completion token."""
+            fed = max(len(comps[r]) - 1, 0)
+            return torch.cat([torch.arange(region - cached[r], region), torch.arange(width - len(suffixes[r]), width),
+                              torch.arange(width, width + fed)]).to(dev)
+
+        def save(batch_rows: Sequence[int], originals: Sequence[int]) -> None:
+            if not self._reuse_enabled(cache):
+                return
+            for b, r in zip(batch_rows, originals):
+                cols = kept_columns(r)
+                layers = [(layer.keys[b].index_select(1, cols), layer.values[b].index_select(1, cols))
+                          for layer in cache.layers]
+                self._prefix_cache.put(list(prompts[r]) + comps[r][:-1], len(prompts[r]), layers)
 
         comps: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
@@ -317,7 +359,8 @@ class HFAgent:
                 prefix = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
                 self.model(input_ids=prefix, attention_mask=attn[:1, :shared], position_ids=pos[:1, :shared], **kw)
                 cache.batch_repeat_interleave(n)
-            out = self.model(input_ids=suffix_ids, attention_mask=attn, position_ids=pos[:, shared:], **kw)
+            out = self.model(input_ids=suffix_ids, attention_mask=attn, position_ids=pos[:, region:], **kw)
+            buffered(cache, max_new)  # decode steps then write in place instead of re-concatenating the cache
             logits = out.logits[:, -1, :].float()
             next_pos = pos[:, -1] + 1
             for step in range(max_new):
@@ -358,7 +401,8 @@ class HFAgent:
                     break
                 live = torch.tensor(live_l, device=dev)
                 if n_live * 2 <= len(rows_l):
-                    # Compact: drop finished rows from the batch and from the KV cache.
+                    # Compact: drop finished rows from the batch and from the KV cache (keeping their KV for reuse).
+                    save([j for j, ok in enumerate(live_l) if not ok], [r for r, ok in zip(rows_l, live_l) if not ok])
                     keep = live.nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     rows, tok, full_attn, next_pos = rows[keep], tok[keep], full_attn[keep], next_pos[keep]
@@ -368,7 +412,41 @@ class HFAgent:
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], **kw)
                 logits = out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
+            save(list(range(len(rows))), rows.tolist())
         return [(comps[r], lps[r], slps[r], stopped[r]) for r in range(n)]
+
+    # --- KV reuse across steps (prefix_cache.py) -------------------------------------------------------------
+    def _reuse_enabled(self, cache: Any) -> bool:
+        from transformers.cache_utils import DynamicLayer
+
+        # Sliding-window layers keep only a window of keys: what they hold cannot be sliced per row.
+        return self._prefix_cache is not None and all(isinstance(layer, DynamicLayer) and not layer.is_sliding
+                                                      for layer in cache.layers)
+
+    def _fill_cache(self, cache: Any, reused: Sequence[tuple[int, list[tuple[Any, Any]]] | None], region: int) -> None:
+        """Write each row's reused KV right-aligned into a (rows, heads, region, dim) block per cache layer."""
+        from transformers.cache_utils import DynamicLayer
+
+        template = next(r[1] for r in reused if r is not None)
+        for li, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros((len(reused), k0.shape[0], region, k0.shape[-1]))
+            values = v0.new_zeros((len(reused), v0.shape[0], region, v0.shape[-1]))
+            for r, hit in enumerate(reused):
+                if hit is not None:
+                    n, layers = hit
+                    keys[r, :, region - n:] = layers[li][0]
+                    values[r, :, region - n:] = layers[li][1]
+            while len(cache.layers) <= li:  # extra layers a model keeps after the backbone's (the pointer memory)
+                cache.layers.append(DynamicLayer())
+            cache.layers[li].update(keys, values)
+
+    def clear_prefix_cache(self) -> None:
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()
+
+    def _weights_version(self) -> tuple[int, ...]:
+        # In-place updates (optimizer steps) bump a tensor's version counter: KV from older weights is stale.
+        return tuple(p._version for p in self.model.parameters())
 
 
 def _top_p_filter(logp: Any, top_p: float) -> Any:
