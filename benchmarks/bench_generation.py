@@ -1,10 +1,12 @@
 """Rollout generation throughput: HFAgent's batched, KV-cached decode loop vs one-at-a-time HF ``generate``.
 
-    .venv/bin/python benchmarks/bench_generation.py [--checkpoint DIR] [--batch 16] [--new-tokens 64]
+    .venv/bin/python benchmarks/bench_generation.py [--checkpoint DIR] [--batch 16] [--new-tokens 64] [--steps 6]
 
 Without ``--checkpoint`` the default student (``StudentConfig()``) is built into a temp dir. Both paths decode
 greedily the same prompts with the same stop tokens; generated-token counts are measured, not assumed.
 A batched HF ``generate`` run is printed too, to separate "batching" from "our loop" in the speed-up.
+Then episodes of ``--steps`` agent steps (each prompt extends the previous one) with and without KV reuse
+across steps (``agents/prefix_cache.py``).
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="best-of-N wall time per method (shared CPUs are noisy)")
+    ap.add_argument("--steps", type=int, default=6, help="agent steps per episode in the KV-reuse comparison")
     args = ap.parse_args()
 
     import torch
@@ -148,6 +151,32 @@ def main() -> None:
     print(f"identical greedy completions ours vs naive: {same}/{len(prompts)}")
     print(json.dumps({"ours_tok_s": round(r_ours, 1), "naive_tok_s": round(r_naive, 1),
                       "hf_batched_tok_s": round(r_hfb, 1), "ratio": round(r_ours / r_naive, 2)}))
+
+    # Episodes: every step's prompt is the previous prompt + the completion + a new observation. With KV reuse
+    # (the default) only the new tokens are prefilled; without it the whole conversation is, every step.
+    from cowork_pipeline.agents.prefix_cache import PrefixCache
+
+    def run_episodes(reuse: bool) -> tuple[int, list[list[int]]]:
+        agent._prefix_cache = PrefixCache(2**31) if reuse else None
+        histories = [list(m) for m, _t in convs]
+        done: list[list[int]] = []
+        for step in range(args.steps):
+            gens = agent.generate([(h, t) for h, (_m, t) in zip(histories, convs)])
+            for h, g in zip(histories, gens):
+                h.append({"role": "assistant", "content": g.text})
+                h.append({"role": "user", "content": json.dumps([{"id": f"msg_{step}{k}", "from": "bob@acme.example",
+                          "subject": f"Ticket {k} update", "read": False} for k in range(4)])})
+                done.append(g.completion_ids)
+        return sum(map(len, done)), done
+
+    with torch.inference_mode():
+        (n_re, t_re, re_ids), (n_full, t_full, full_ids) = interleaved(
+            [lambda: run_episodes(True), lambda: run_episodes(False)], args.repeats)
+    same = sum(a == b for a, b in zip(re_ids, full_ids))
+    print(f"episodes ({args.batch} x {args.steps} steps): KV reuse {t_re:6.2f}s, full prefill every step {t_full:6.2f}s "
+          f"-> {t_full / t_re:.2f}x; identical completions {same}/{len(re_ids)}")
+    print(json.dumps({"episode_s_reuse": round(t_re, 2), "episode_s_full_prefill": round(t_full, 2),
+                      "episode_ratio": round(t_full / t_re, 2)}))
     tmp.cleanup()
 
 
