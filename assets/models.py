@@ -147,7 +147,7 @@ def sft_checkpoint(context: AssetExecutionContext, lake: LakeResource, profile: 
                          "data_versions_json": json.dumps({"demonstrations": v_d}), "metrics_json": "{}", "device": device})
     settings = SFTSettings(epochs=profile.sft_epochs, lr=profile.sft_lr, batch_size=profile.sft_batch_size,
                            max_steps=profile.sft_max_steps, seed=profile.seed, device=device,
-                           assistant_loss_weight=profile.sft_assistant_weight)
+                           assistant_loss_weight=profile.sft_assistant_weight, keys_from_vocab=profile.sft_keys_from_vocab)
     ckpt_id = f"sft-{base_id}-d{v_d}-e{settings.epochs:g}-s{settings.max_steps}"
     out = model_dir(lk, ckpt_id)
     result = train_sft(base, to_sft_dataset(records), out, settings,

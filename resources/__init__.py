@@ -84,6 +84,8 @@ class ProfileResource(dg.ConfigurableResource):
     sft_batch_size: int = 4
     # Assistant tokens weigh this much more than the rest in the student's every-token loss (measured: 4 beats 1).
     sft_assistant_weight: float = 4.0
+    # Argument names in tool calls learned through the vocabulary head, not copied by the pointer (SFTSettings).
+    sft_keys_from_vocab: bool = True
     student_hidden: int = 128
     student_layers: int = 4
     student_vocab: int = 2048

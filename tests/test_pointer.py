@@ -114,6 +114,40 @@ def test_pointer_mask_trains_the_mixture_only_where_marked(model, ids):
     assert loss.item() == pytest.approx(-expected.mean().item(), rel=1e-4)
 
 
+def test_vocab_path_trains_gate_and_vocabulary_instead_of_the_mixture(model, ids):
+    pointer = torch.zeros(ids.shape, dtype=torch.bool)
+    pointer[:, 14:] = True
+    through_vocab = torch.zeros_like(pointer)
+    through_vocab[:, 16:20] = True  # e.g. the argument names of a tool call
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids, pointer_mask=pointer, vocab_path_mask=through_vocab).loss
+        mix = model(input_ids=ids).logits[:, :-1].exp()
+        vocab = torch.softmax(model.lm_head(model.model(input_ids=ids).last_hidden_state), -1)[:, :-1]
+    # The gate's share a_sentinel per position: on tokens that no source proposes, all mass is the vocabulary's.
+    absent = torch.ones(mix.shape[-1], dtype=torch.bool)
+    absent[ids.unique()] = False
+    a_sentinel = mix[..., absent].sum(-1) / vocab[..., absent].sum(-1)
+    assert bool((a_sentinel[through_vocab[:, 1:]] < 0.99).all())  # the checks bite: the pointer holds real mass there
+    y = ids[:, 1:, None]
+    mixed, vocab_lp = mix.gather(-1, y).squeeze(-1).log(), vocab.gather(-1, y).squeeze(-1).log()
+    expected = torch.where(through_vocab[:, 1:], a_sentinel.log() + vocab_lp, torch.where(pointer[:, 1:], mixed, vocab_lp))
+    assert loss.item() == pytest.approx(-expected.mean().item(), rel=1e-4)
+
+
+def test_json_key_mask_marks_argument_names_inside_tool_calls_only():
+    from cowork_pipeline.training.sft import json_key_mask
+
+    chunks = ['{"', 'x', '": 1} ', '<tool_call>', '{"', 'na', 'me', '": "', 'mail_send', '", "', 'arguments', '": {"',
+              'to', '": ["', 'a', '", "', 'b', '"], "', 'body', '": "', 'say \\"', 'hi', '\\": ', 'x', '", "',
+              'meta', '": {"', 'deep', '": null}}}', '</tool_call>', ' {"', 'y', '": 2}']
+    pieces = sorted(set(chunks))
+    ids = [pieces.index(c) for c in chunks]
+    mask = json_key_mask(ids, pieces, pieces.index("<tool_call>"), pieces.index("</tool_call>"))
+    keys = [c for c, m in zip(chunks, mask) if m]
+    # Keys of the call (not the values, not an escaped quote inside a value, not JSON outside the call).
+    assert keys == ["na", "me", "arguments", "to", "body", "meta", "deep"]
+
+
 def test_incremental_decoding_with_cache_matches_full_forward(model, ids):
     from transformers import DynamicCache
 

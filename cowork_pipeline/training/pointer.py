@@ -162,6 +162,7 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
         num_items = kwargs.pop("num_items_in_batch", None)
         label_weights = kwargs.pop("label_weights", None)
         pointer_mask = kwargs.pop("pointer_mask", None)
+        vocab_path_mask = kwargs.pop("vocab_path_mask", None)
         kwargs.pop("shift_labels", None)
         # transformers 5 renamed the backbone's past_key_values argument to cache.
         cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
@@ -178,7 +179,8 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
         offset = total - t
 
         if labels is not None:
-            loss = self._loss(hidden, ids, kp, ks, valid, offset, labels, num_items, label_weights, pointer_mask)
+            loss = self._loss(hidden, ids, kp, ks, valid, offset, labels, num_items, label_weights, pointer_mask,
+                              vocab_path_mask)
             return _output(loss, None, _cache_of(out) if use_cache else None)
 
         keep = t if (isinstance(logits_to_keep, int) and logits_to_keep == 0) else int(logits_to_keep)
@@ -195,13 +197,16 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
 
     def _loss(self, hidden: torch.Tensor, ids: torch.Tensor, kp: torch.Tensor, ks: torch.Tensor, valid: torch.Tensor,
               offset: int, labels: torch.Tensor, num_items: Any, weights: torch.Tensor | None = None,
-              pointer_mask: torch.Tensor | None = None) -> torch.Tensor:
+              pointer_mask: torch.Tensor | None = None, vocab_path_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Mean -log p(label), computed for the label only (no (B, T, V) copy scatter).
 
         ``weights`` (same shape as ``labels``) makes it a weighted mean over the labelled positions.
         ``pointer_mask`` (same shape) marks the labels predicted through the mixture (the agent's own turns); the
         others are trained on the vocabulary head alone. The pointer then learns where the agent writes, and
-        its (B, Q, T) scores are only computed for those Q positions (~1/8 of a demonstration)."""
+        its (B, Q, T) scores are only computed for those Q positions (~1/8 of a demonstration).
+        ``vocab_path_mask`` (same shape, within ``pointer_mask``) marks labels that must come from the vocabulary
+        through the gate, -log(a_sentinel * p_vocab(label)): there the model learns not to point (the names of
+        JSON keys, which an earlier call's keys would otherwise hijack)."""
         b, t = labels.shape
         target = labels[:, 1:]
         mask = target != -100
@@ -223,6 +228,9 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
             log_copy = torch.logsumexp(scores.masked_fill(~hit, _NEG), -1)
             vocab_q = log_p.gather(1, idx)
             mixed = torch.logaddexp(sentinel + vocab_q, log_copy) - log_norm
+            if vocab_path_mask is not None:
+                through_vocab = vocab_path_mask[:, 1:].bool().gather(1, idx)
+                mixed = torch.where(through_vocab, sentinel + vocab_q - log_norm, mixed)
             log_p = log_p.scatter(1, idx, torch.where(real_q, mixed, vocab_q))
         if weights is not None:
             w = weights[:, 1:].to(log_p.dtype) * mask
