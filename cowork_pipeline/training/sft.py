@@ -238,9 +238,10 @@ def _trainer_class(model: Any, settings: SFTSettings) -> Any:
         return SFTTrainer
 
     other_weight = 0.0 if settings.assistant_only_loss else 1.0
-    key_pieces: list[str] | None = None
 
     class PointerSFTTrainer(SFTTrainer):
+        _key_scan: tuple[list[str], int, int] | None = None  # (text of every token id, <tool_call>, </tool_call>)
+
         def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                          num_items_in_batch: Any = None) -> Any:
             kw = {k: inputs[k] for k in ("input_ids", "attention_mask", "position_ids") if k in inputs}
@@ -253,13 +254,12 @@ def _trainer_class(model: Any, settings: SFTSettings) -> Any:
             labels = inputs["input_ids"].masked_fill(~real, -100)
             extra = {}
             if settings.keys_from_vocab:
-                nonlocal key_pieces
-                tok = self.processing_class
-                if key_pieces is None:
-                    key_pieces = [tok.decode([i]) for i in range(len(tok))]
-                open_id, close_id = tok.convert_tokens_to_ids(TOOL_CALL_OPEN), tok.convert_tokens_to_ids(TOOL_CALL_CLOSE)
-                keys = torch.tensor([json_key_mask(row, key_pieces, open_id, close_id)
-                                     for row in inputs["input_ids"].tolist()], device=assistant.device)
+                if self._key_scan is None:
+                    tok = self.processing_class
+                    self._key_scan = ([tok.decode([i]) for i in range(len(tok))],
+                                      tok.convert_tokens_to_ids(TOOL_CALL_OPEN), tok.convert_tokens_to_ids(TOOL_CALL_CLOSE))
+                keys = torch.tensor([json_key_mask(row, *self._key_scan) for row in inputs["input_ids"].tolist()],
+                                    device=assistant.device)
                 extra["vocab_path_mask"] = keys & assistant
             outputs = model(**kw, labels=labels, label_weights=weights, pointer_mask=assistant, use_cache=False, **extra)
             return (outputs.loss, outputs) if return_outputs else outputs.loss
