@@ -46,6 +46,29 @@ def random_student(tmp_path_factory):
     return build_student(corpus, tmp_path_factory.mktemp("student"), cfg)
 
 
+def test_grammar_accepts_canonical_calls_and_no_whitespace_runs(random_student):
+    from cowork_pipeline.agents.constrained import ToolCallConstraint
+    from cowork_pipeline.training.student import load_checkpoint
+
+    _model, tok = load_checkpoint(random_student)
+    constraint = ToolCallConstraint(tok, len(tok), [tok.convert_tokens_to_ids("<|im_end|>")])
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function", "function": {
+        "name": "mail_send", "arguments": json.dumps({"to": ["clara@acme.example"], "subject": "Invoice", "body": "Hi Clara, see below."})}}]}
+    text = render_conversation([call])
+    canonical = text[text.index("<tool_call>"): text.index("</tool_call>") + len("</tool_call>")]
+
+    def accepts(s: str) -> bool:
+        return constraint.matcher(TOOLS).accept_string(s)
+
+    assert accepts(canonical)
+    # A model that wanted a forbidden token could otherwise pad with spaces until its token budget ran out.
+    assert not accepts('<tool_call>{"name": "crm_update_invoice", "arguments": {"invoice_id": "inv_1"  ')
+    assert not accepts('<tool_call>{"name": "mail_search", "arguments": {"query": "Clara"}  \n  ')
+    assert accepts('<tool_call>{"name": "mail_search", "arguments": {"query": "Clara" }}</tool_call>')
+    # Free text around calls is free, except for a stray closing tag (a malformed turn for the parser).
+    assert accepts("Done, the email is sent.") and not accepts("Done.</tool_call>")
+
+
 def test_every_sampled_tool_call_is_valid_for_its_schema(random_student):
     from cowork_pipeline.agents.hf_agent import HFAgent
 
@@ -62,8 +85,12 @@ def test_every_sampled_tool_call_is_valid_for_its_schema(random_student):
     agent.model.lm_head.register_forward_hook(tilt)
     prompt = [{"role": "user", "content": "find the invoice of Clara and email her"}]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    # A random model finishes a turn within the budget only now and then: sample (fixed seeds) until a few
+    # finished calls have been checked; every sample on the way must be valid or merely cut off.
     calls = 0
-    for seed in range(6):
+    for seed in range(30):
+        if calls >= 3:
+            break
         for sample in agent.sample_with_logprobs([(prompt, TOOLS)] * 4, temperature=1.5, seed=seed):
             for call in sample.message.get("tool_calls") or []:
                 calls += 1

@@ -11,6 +11,9 @@ the next-token logits in microseconds per row.
 
 Arguments are rendered with sorted keys (``chat_format``: ``tojson(sort_keys=True)``), so the schema given to the
 grammar lists properties in sorted order; ``additionalProperties`` is false unless the tool says otherwise.
+Whitespace inside a call is capped at one character in a row (canonical calls have single spaces after ``:`` and
+``,``): with JSON's unlimited whitespace, a model that wanted a token the grammar forbids (say ``","`` after the
+last allowed argument) put its remaining mass on spaces and padded the call until the token budget ran out.
 """
 from __future__ import annotations
 
@@ -51,11 +54,12 @@ def tool_call_format(tools: Sequence[ToolSchema]) -> dict[str, Any]:
             "type": "tag",
             # Exactly how CHAT_TEMPLATE renders a call: {"name": <tojson>, "arguments": <canonical JSON>}.
             "begin": f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name)}, "arguments": ',
-            "content": {"type": "json_schema", "json_schema": strict_schema(params)},
+            "content": {"type": "json_schema", "json_schema": strict_schema(params), "max_whitespace_cnt": 1},
             "end": f"}}{TOOL_CALL_CLOSE}",
         })
+    # Free text may not hold a stray closing tag (the parser would reject the turn as malformed).
     return {"type": "structural_tag",
-            "format": {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": tags}}
+            "format": {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": tags, "excludes": [TOOL_CALL_CLOSE]}}
 
 
 class ToolCallConstraint:
