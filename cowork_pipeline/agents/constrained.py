@@ -14,6 +14,7 @@ grammar lists properties in sorted order; ``additionalProperties`` is false unle
 Whitespace inside a call is capped at one character in a row (canonical calls have single spaces after ``:`` and
 ``,``): with JSON's unlimited whitespace, a model that wanted a token the grammar forbids (say ``","`` after the
 last allowed argument) put its remaining mass on spaces and padded the call until the token budget ran out.
+xgrammar applies the cap inside string values too, so a value cannot contain two spaces in a row.
 """
 from __future__ import annotations
 
