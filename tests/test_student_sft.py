@@ -113,6 +113,29 @@ def test_student_build_is_deterministic(student_dir, corpus, tmp_path):
         assert hashlib.sha256((again / name).read_bytes()).digest() == hashlib.sha256((student_dir / name).read_bytes()).digest()
 
 
+def test_a_capitalised_word_is_the_same_token_in_prose_and_in_a_json_value():
+    """The pointer copies token ids: a name read in prose must be spelled the same at the start of a JSON value."""
+    from cowork_pipeline.training.student import train_tokenizer
+
+    names = ["Priya Okafor", "Élodie Brun", "Lukas Berg"]
+    corpus = [f"Please ask {n} about it. " * 3 + json.dumps({"query": n, "note": "call back"}, ensure_ascii=False) for n in names] * 5
+    tok = train_tokenizer(corpus, vocab_size=400)
+
+    def pieces(text: str) -> list[str]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text  # lossless, whatever the spaces
+        return [tok.decode([i]) for i in ids]
+
+    for n in names:
+        first, last = n.split()
+        prose, value = pieces(f"Please ask {n} about it."), pieces(json.dumps({"query": n}, ensure_ascii=False))
+        assert first in prose and first in value and last in prose and last in value, (prose, value)
+    # Lowercase words keep their leading space (splitting those made free text degenerate).
+    assert " about" in pieces("Please ask Priya Okafor about it.")
+    for text in ("two  spaces  Before Caps", "line\nBreak", " Lead", "trailing ", "A", "x Y z", '"Quoted" Word'):
+        pieces(text)
+
+
 def test_not_a_model_gives_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match=r"does not exist"):
         check_checkpoint(tmp_path / "nope")

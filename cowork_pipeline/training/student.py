@@ -24,6 +24,8 @@ from cowork_pipeline.agents.chat_format import (
 # Written into every checkpoint built here (and kept by full fine-tunes of it): tells train_sft that this is the
 # random-init student, which is fully fine-tuned rather than LoRA-adapted.
 STUDENT_MARKER = "cowork_student.json"
+# The space before a capitalised word (any script's uppercase letter), split off by the tokenizer's pre-tokenizer.
+CAPITALISED_WORD_SPACE = r" (?=\p{Lu})"
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,20 @@ def markup_corpus() -> list[str]:
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | Path | None = None,
                     *, model_max_length: int = 4096, min_frequency: int = 2) -> Any:
     """Byte-level BPE with our control/markup tokens as single tokens; returns a ``PreTrainedTokenizerFast``."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     special = list(CONTROL_TOKENS) + list(MARKUP_TOKENS)
     tok = Tokenizer(models.BPE())
     # Digits are split one per token (as in Qwen/Llama): ids, amounts and dates then tokenize the same way in
     # every environment, so copying a value the student has never seen is the same skill as copying a seen one.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+    # A space before a capitalised word is a token of its own, so the word is spelled the same in prose
+    # ("for Priya Okafor": ` `, `Priya`) and at the start of a JSON value (`"Priya Okafor"`): the pointer can copy
+    # a name from the request into a tool call. With ` Priya` vs `Priya` it could not, and the student wrote a
+    # frequent first name instead (measured, teacher-forced: `query` right 52% -> 89%). Lowercase words keep their
+    # space (splitting every word made free text degenerate).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(CAPITALISED_WORD_SPACE), behavior="isolated"),
+                                                 pre_tokenizers.Digits(individual_digits=True),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     # trim_offsets=False: offsets must cover whitespace exactly for return_assistant_tokens_mask (as in Qwen).
