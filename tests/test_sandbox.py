@@ -166,6 +166,74 @@ def test_arguments_are_isolated_between_calls(sb: Sandbox) -> None:
     assert ev == {"xs": [1, 2, 3]}
 
 
+def test_read_only_checkers_share_one_decoded_argument(sb: Sandbox) -> None:
+    """Checkers whose code cannot write share one decoded copy per argument; the others still
+    get their own, and nobody sees anybody's writes."""
+    ev = {"xs": [1, 2, 3], "m": {"a": 1}}
+    sources = {
+        "read": check_src("return [len(ev['xs']), sorted(ev['m'].items()), 'new' in ev]"),
+        "read2": check_src("return sum(x for x in ev['xs'] if x > 1)"),
+        "mutate": check_src("ev['xs'].append(99)\nev['new'] = 1\nreturn len(ev['xs'])"),
+    }
+    before = dict(sb.stats)
+    results = sb.evaluate(sources, [("read", ev), ("mutate", ev), ("read2", ev), ("mutate", ev), ("read", ev)])
+    assert [r.value for r in results] == [[3, [["a", 1]], False], 4, 5, 4, [3, [["a", 1]], False]]
+    assert sb.stats["shared_calls"] - before["shared_calls"] == 3
+    assert sb.stats["rerun_calls"] == before["rerun_calls"]
+
+
+def test_shared_argument_tripwire_reruns_on_private_copies() -> None:
+    """With sharing forced for every call (copy_arguments=False), a call that writes to the
+    shared argument is caught after the batch and every call that shared it is re-run on its
+    own copy: the verdicts are those of fully isolated calls."""
+    ev = {"xs": [1, 2, 3]}
+    sources = {
+        "mutate": check_src("ev['xs'].append(99)\nev['new'] = 1\nreturn len(ev['xs'])"),
+        "read": check_src("return [len(ev['xs']), 'new' in ev]"),
+        # replaces a value by an equal-looking object of another type: still caught
+        "plant": check_src("class S(str):\n    pass\nev['xs'][0] = S('1')\nreturn True"),
+    }
+    with Sandbox(workers=1, limits=LIMITS, copy_arguments=False) as box:
+        results = box.evaluate(sources, [("mutate", ev), ("read", ev), ("mutate", ev), ("read", ev)])
+        assert [r.value for r in results] == [4, [3, False], 4, [3, False]]
+        assert box.stats["rerun_calls"] == 4
+        results = box.evaluate(sources, [("plant", ev), ("read", ev)])
+        assert [r.value for r in results] == [True, [3, False]]
+        assert box.stats["rerun_calls"] == 6
+        results = box.evaluate(sources, [("read", ev), ("read", ev)])  # untouched: no re-run
+        assert [r.value for r in results] == [[3, False], [3, False]]
+        assert box.stats["rerun_calls"] == 6
+        assert_healthy(box)
+    assert ev == {"xs": [1, 2, 3]}
+
+
+@pytest.mark.parametrize(
+    "body, free",
+    [
+        ("return ev['final'].get('a') == 1 and [x for x in ev['audit'] if x.get('ok')]", True),
+        ("s = sorted(ev['final'].items())\nreturn len(s) > 0 and ev['diff'].get('a', {}).get('b') is None", True),
+        ("ev['x'] = 1\nreturn True", False),
+        ("del ev['x']\nreturn True", False),
+        ("ev['audit'][0:1] = []\nreturn True", False),
+        ("a = ev['audit']\na += [1]\nreturn True", False),
+        ("n = 0\nn += 1\nreturn n", False),  # conservative: any in-place operator
+        ("ev['audit'].append(1)\nreturn True", False),
+        ("f = list.sort\nf(ev['audit'])\nreturn True", False),
+        ("import operator\noperator.setitem(ev, 'a', 1)\nreturn True", False),
+        ("import operator\noperator.methodcaller('clear')(ev)\nreturn True", False),
+        ("f = lambda: ev['audit'].pop()\nreturn True", False),  # nested code objects are scanned
+        ("return [ev['audit'].clear() for _ in range(1)]", False),
+        ("match ev['audit']:\n    case list(pop=p):\n        p()\nreturn True", False),
+        ("ev['audit'].__init__()\nreturn True", False),
+        ("import collections\ncollections.ChainMap({}, ev).parents['x'] = 1\nreturn True", False),
+    ],
+)
+def test_mutation_free_proof(body: str, free: bool) -> None:
+    from cowork_pipeline.validation.sandbox import _mutation_free
+
+    assert _mutation_free(compile(check_src(body), "<c>", "exec")) is free
+
+
 def test_globals_do_not_leak_between_calls(sb: Sandbox) -> None:
     src = "seen = []\ndef check(ev):\n    seen.append(1)\n    return len(seen)\n"
     results = sb.evaluate({"s": src}, [("s", {})] * 3)

@@ -21,9 +21,16 @@ Isolation layers (defence in depth; each is cheap, none is trusted alone)
    exposed (its ``get_field`` walks attributes by string).  Python classes reachable
    from the exposed modules are made immutable (``Py_TPFLAGS_IMMUTABLETYPE``) so a
    checker cannot monkeypatch e.g. ``json.JSONDecoder.decode`` for later checkers.
-   Every call gets fresh globals, a fresh builtins dict, a fresh copy of its
-   argument (``copy_arguments=True``, the default) and a reset ``decimal``
-   context, so calls cannot leak state into each other.
+   Every call gets fresh globals, a fresh builtins dict and a reset ``decimal``
+   context, so calls cannot leak state into each other through them.  Arguments
+   travel as one pickle per request and are decoded once; a call whose compiled
+   code provably cannot write to plain data (no subscript/attribute stores or
+   deletes, no in-place operators, no mutating method or ``operator`` helper
+   names, no dunder names: ``_mutation_free``) shares that decoded copy, any other
+   call gets its own.  After the batch a tripwire re-pickles the shared arguments
+   (a pickler that runs no checker-defined code) and compares the bytes: if they
+   changed, every call that shared them is re-run on a private copy and the
+   worker is recycled, so no verdict depends on another call's writes.
 3. Worker process hardening (set up before any untrusted code runs):
    ``sys.addaudithook`` hook that always refuses file opens, ``os.*``,
    ``socket.*``, ``subprocess.*``, ``ctypes.*``, gc introspection, new code or
@@ -70,6 +77,8 @@ workers) or several ``Sandbox`` objects for parallelism.
 from __future__ import annotations
 
 import ast
+import dis
+import io
 import json
 import os
 import pickle
@@ -86,6 +95,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
+from types import CodeType
 from typing import Any, Mapping, Sequence
 
 __all__ = [
@@ -164,6 +174,86 @@ ALLOWED_DUNDER_DEFS: frozenset[str] = frozenset(
     }
 )
 
+# --- Argument sharing --------------------------------------------------------------------
+# A call whose compiled code cannot mutate its argument may share one decoded copy of it with
+# the batch's other such calls (a private copy per call is most of a certification's sandbox
+# cost).  Arguments are plain data (dict, list, str, numbers, bool, None), which only change
+# through a subscript or attribute store/delete, an in-place operator, a mutating method (by
+# attribute name, by an ``operator`` helper, or looked up by a ``case C(name=...)`` pattern),
+# or a dunder such as ``__init__``; all of these are visible in the bytecode as opcodes or
+# in ``co_names``.  A checker that uses any of them gets its own copy, as before.
+_MUTATOR_NAMES: frozenset[str] = frozenset(
+    {
+        # dict / list / set / deque / Counter / OrderedDict / ChainMap methods that write
+        "append", "extend", "insert", "remove", "pop", "popitem", "clear", "sort", "reverse",
+        "setdefault", "update", "add", "discard", "difference_update", "intersection_update",
+        "symmetric_difference_update", "appendleft", "extendleft", "popleft", "rotate",
+        "move_to_end", "subtract", "maps", "parents",
+        # operator helpers that write, or that reach a method by its name
+        "setitem", "delitem", "iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul",
+        "imatmul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor", "methodcaller", "attrgetter",
+    }
+)
+_HARMLESS_DUNDER_NAMES: frozenset[str] = frozenset({"__name__", "__qualname__", "__module__", "__doc__"})
+_MUTATING_OPCODES: frozenset[int] = frozenset(
+    op for name, op in dis.opmap.items()
+    if name in ("STORE_SUBSCR", "DELETE_SUBSCR", "STORE_ATTR", "DELETE_ATTR", "STORE_SLICE", "DELETE_SLICE", "MATCH_CLASS")
+    or name.startswith("INPLACE_")  # Python <= 3.10
+)
+_BINARY_OP: int | None = dis.opmap.get("BINARY_OP")  # Python >= 3.11: in-place operators are an oparg
+_EXTENDED_ARG: int = dis.opmap["EXTENDED_ARG"]
+_INPLACE_ARGS: frozenset[int] = frozenset(
+    i for i, (_name, sym) in enumerate(getattr(dis, "_nb_ops", ())) if sym.endswith("=") and sym not in ("==", "!=", "<=", ">=")
+) or frozenset(range(13, 26))
+
+
+def _mutation_free(code: CodeType) -> bool:
+    """True when ``code`` (and every function, lambda, comprehension and class body nested in
+    it) contains no operation that could mutate a plain-data argument.  Conservative: a
+    ``False`` only costs a private copy."""
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        for name in c.co_names:
+            if name in _MUTATOR_NAMES or (name.startswith("__") and name not in _HARMLESS_DUNDER_NAMES):
+                return False
+        raw = c.co_code  # 2-byte units (inline caches read as zeros)
+        ops = raw[0::2]
+        if not _MUTATING_OPCODES.isdisjoint(ops):
+            return False
+        if _BINARY_OP is not None:
+            i = ops.find(_BINARY_OP)
+            while i != -1:
+                if raw[2 * i + 1] in _INPLACE_ARGS or (i and ops[i - 1] == _EXTENDED_ARG):
+                    return False
+                i = ops.find(_BINARY_OP, i + 1)
+        todo.extend(k for k in c.co_consts if isinstance(k, CodeType))
+    return True
+
+
+class _PlainPickler(pickle.Pickler):
+    """Pickles plain data only (exact dict, list, tuple, set, str, bytes, numbers, bool, None):
+    anything else raises instead of running its reduce hooks, so the worker can pickle what
+    checkers had in hand without executing code they defined."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        raise pickle.PicklingError(f"{type(obj).__name__} is not plain data")
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj, protocol=5)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _plain_dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _PlainPickler(buf, protocol=5).dump(obj)
+    return buf.getvalue()
+
+
 MAX_SOURCE_CHARS = 200_000  # bounds parse time/memory in the parent
 MAX_MESSAGE_CHARS = 500
 CHECKER_FILENAME = "<checker>"
@@ -189,8 +279,12 @@ REMAINING_RISKS: tuple[str, ...] = (
     "Without root the netns/chroot/uid-drop layers are skipped; off x86_64 no seccomp "
     "filter is installed.  Sandbox.isolation() reports what is active.",
     "Timing side channels and nondeterministic builtins (datetime.now, id) are not "
-    "contained; with copy_arguments=False a checker that mutates its argument "
-    "affects later calls on that argument within the same batch.",
+    "contained.",
+    "Calls that share a decoded argument rely on the bytecode proof that they cannot "
+    "write to it; the after-batch tripwire catches a write the proof missed, unless "
+    "one call's write is undone by a later call of the same batch (the calls in "
+    "between would have seen it).  With copy_arguments=False every call shares "
+    "and only the tripwire stands.",
 )
 
 
@@ -654,10 +748,11 @@ class Sandbox:
     workers.  Workers are restarted transparently after a crash, a kill, a
     timeout or a runtime policy violation.
 
-    ``copy_arguments=True`` (default) gives every call its own fresh copy of its
-    argument, so a checker that mutates its evidence cannot influence later calls;
-    ``False`` shares one decoded copy per distinct argument within a batch (faster
-    for large arguments).  ``static_policy=False`` skips layer 1 and exists only
+    ``copy_arguments=True`` (default): a call whose code could write to its argument
+    gets its own fresh copy, so a checker that mutates its evidence cannot influence
+    later calls; calls proven read-only share one decoded copy per argument (see
+    layer 2 above).  ``False`` shares the decoded copy with every call, guarded by the
+    after-batch tripwire only.  ``static_policy=False`` skips layer 1 and exists only
     so tests can probe the runtime layers directly.
     """
 
@@ -681,7 +776,8 @@ class Sandbox:
         self._closed = False
         # Cumulative figures the workers report per batch (for benchmarks; never trusted for decisions):
         # compile seconds and cache misses, seconds spent copying arguments, calls run.
-        self.stats: dict[str, float] = {"batches": 0, "calls": 0, "compiled": 0, "compile_s": 0.0, "decode_s": 0.0}
+        self.stats: dict[str, float] = {"batches": 0, "calls": 0, "compiled": 0, "compile_s": 0.0, "decode_s": 0.0,
+                                        "shared_calls": 0, "rerun_calls": 0}
         self._workers = [_Worker(limits.memory_mb) for _ in range(workers)]
         for w in self._workers:  # start now so the first batch does not pay the spawn
             w.spawn()
@@ -743,8 +839,7 @@ class Sandbox:
         src_texts: list[str] = []
         src_reject: list[CallResult | None] = []
         arg_index: dict[int, int] = {}
-        arg_blobs: list[bytes] = []
-        keepalive: list[object] = []  # id() keys stay valid while we hold the objects
+        args: list[object] = []  # distinct argument objects (id() keys stay valid while we hold them)
         call_src: list[int] = [0] * len(calls)
         call_arg: list[int] = [0] * len(calls)
         pending: list[int] = []
@@ -762,17 +857,32 @@ class Sandbox:
                 continue
             ai = arg_index.get(id(arg))
             if ai is None:
-                ai = arg_index[id(arg)] = len(arg_blobs)
-                keepalive.append(arg)
-                try:
-                    arg_blobs.append(pickle.dumps(arg, protocol=5))
-                except Exception as exc:
-                    raise TypeError(f"argument of call {i} is not picklable plain data: {exc}") from exc
+                ai = arg_index[id(arg)] = len(args)
+                args.append(arg)
             call_arg[i] = ai
             pending.append(i)
         if pending:
-            self._dispatch(pending, src_texts, arg_blobs, call_src, call_arg, entry, results)
+            bundles: dict[tuple[int, ...], tuple[bytes, bool]] = {}
+            bundles[tuple(range(len(args)))] = self._bundle(args, calls, call_arg, pending)
+            self._dispatch(pending, src_texts, args, bundles, call_src, call_arg, entry, results)
         return [r if r is not None else CallResult(False, None, "crash", "no result", 0.0) for r in results]
+
+    @staticmethod
+    def _bundle(args: Sequence[object], calls: Sequence[tuple[str, object]] = (), call_arg: Sequence[int] = (),
+                pending: Sequence[int] = ()) -> tuple[bytes, bool]:
+        """All of a request's arguments in one pickle (records shared between arguments, e.g. the
+        untouched part of several trajectories' final states, are sent and decoded once), and
+        whether it is plain data (only then may the worker share decoded arguments)."""
+        try:
+            return _plain_dumps(list(args)), True
+        except Exception:  # noqa: BLE001 - not plain data: still fine, each call gets its own copy
+            pass
+        try:
+            return pickle.dumps(list(args), protocol=5), False
+        except Exception as exc:
+            bad = next((i for i in pending if not _picklable(calls[i][1])), None) if calls else None
+            where = f"argument of call {bad}" if bad is not None else "an argument"
+            raise TypeError(f"{where} is not picklable plain data: {exc}") from exc
 
     def _static_reject(self, text: str) -> CallResult | None:
         if not self.static_policy or _text_only_clean(text):
@@ -800,7 +910,8 @@ class Sandbox:
         self,
         pending: list[int],
         src_texts: list[str],
-        arg_blobs: list[bytes],
+        args: list[object],
+        bundles: dict[tuple[int, ...], tuple[bytes, bool]],
         call_src: list[int],
         call_arg: list[int],
         entry: str,
@@ -808,7 +919,7 @@ class Sandbox:
     ) -> None:
         active: dict[int, tuple[_Worker, _Job]] = {}  # worker slot -> job
         try:
-            self._dispatch_loop(pending, src_texts, arg_blobs, call_src, call_arg, entry, results, active)
+            self._dispatch_loop(pending, src_texts, args, bundles, call_src, call_arg, entry, results, active)
         except BaseException:
             # Interrupted (KeyboardInterrupt, worker that cannot start...): a late reply
             # must never be read as the answer to the next batch.
@@ -820,7 +931,8 @@ class Sandbox:
         self,
         pending: list[int],
         src_texts: list[str],
-        arg_blobs: list[bytes],
+        args: list[object],
+        bundles: dict[tuple[int, ...], tuple[bytes, bool]],
         call_src: list[int],
         call_arg: list[int],
         entry: str,
@@ -835,7 +947,7 @@ class Sandbox:
                 if slot in active or not queue:
                     continue
                 ids = queue.popleft()
-                job = self._start(w, ids, src_texts, arg_blobs, call_src, call_arg, entry)
+                job = self._start(w, ids, src_texts, args, bundles, call_src, call_arg, entry)
                 if job is None:  # could not even deliver the request: retry elsewhere
                     self._requeue(ids, queue, attempts, results, "worker unavailable")
                     continue
@@ -871,7 +983,8 @@ class Sandbox:
                         del active[slot]
                         self._salvage(w, job, "deadline", queue, attempts, results, call_src)
 
-    def _start(self, w: _Worker, ids: list[int], src_texts: list[str], arg_blobs: list[bytes], call_src: list[int], call_arg: list[int], entry: str) -> _Job | None:
+    def _start(self, w: _Worker, ids: list[int], src_texts: list[str], args: list[object],
+               bundles: dict[tuple[int, ...], tuple[bytes, bool]], call_src: list[int], call_arg: list[int], entry: str) -> _Job | None:
         lim = self.limits
         try:
             w.ensure_ready()
@@ -884,18 +997,19 @@ class Sandbox:
         local_src: dict[int, int] = {}
         local_arg: dict[int, int] = {}
         srcs: list[str] = []
-        blobs: list[bytes] = []
         pairs: list[tuple[int, int]] = []
         for c in ids:
             s = local_src.setdefault(call_src[c], len(local_src))
             if s == len(srcs):
                 srcs.append(src_texts[call_src[c]])
-            a = local_arg.setdefault(call_arg[c], len(local_arg))
-            if a == len(blobs):
-                blobs.append(arg_blobs[call_arg[c]])
-            pairs.append((s, a))
+            pairs.append((s, local_arg.setdefault(call_arg[c], len(local_arg))))
+        used = tuple(local_arg)  # global argument indices in local order
+        bundle = bundles.get(used)
+        if bundle is None:  # a share of the batch (several workers, or a re-run after a crash)
+            bundle = bundles[used] = self._bundle([args[a] for a in used])
+        blob, plain = bundle
         payload = pickle.dumps(
-            (self._seq, entry, lim.call_timeout_s, lim.cpu_seconds, lim.max_result_bytes, self.copy_arguments, srcs, blobs, pairs),
+            (self._seq, entry, lim.call_timeout_s, lim.cpu_seconds, lim.max_result_bytes, self.copy_arguments, plain, srcs, blob, pairs),
             protocol=5,
         )
         job = _Job(self._seq, list(ids), list(local_src))
@@ -974,13 +1088,15 @@ class Sandbox:
         for c, res in zip(job.calls, parsed):
             results[c] = res
         t = hdr.get("t")
-        if isinstance(t, list) and len(t) == 3 and all(type(x) in (int, float) and 0 <= x < 1e9 for x in t):
+        if isinstance(t, list) and len(t) == 5 and all(type(x) in (int, float) and 0 <= x < 1e9 for x in t):
             st = self.stats
             st["batches"] += 1
             st["calls"] += len(job.calls)
             st["compile_s"] += t[0]
             st["compiled"] += t[1]
             st["decode_s"] += t[2]
+            st["shared_calls"] += t[3]
+            st["rerun_calls"] += t[4]
         if hdr.get("recycle") or w.buf:
             # Timeout/memory/violation/taint: the worker may be in a weird state.
             w.kill()
@@ -1170,7 +1286,7 @@ class _WorkerRuntime:
         self.recycle = False
         self.code_cache: dict[str, Any] = {}  # source -> code object, least recently used first
         self.code_cache_chars = 0
-        self.decode_s = 0.0  # argument copies of the current batch (reported to the parent)
+        self.decode_s = 0.0  # argument decoding, private copies and the tripwire (reported to the parent)
         self.layers: dict[str, Any] = {}
         self.root_listing: list[str] | None = None
 
@@ -1589,15 +1705,17 @@ class _WorkerRuntime:
                 return  # the parent replaces us
 
     def _compile(self, source: str) -> Any:
+        """(code, mutation_free) for ``source``, or the compile error as a str."""
         cache = self.code_cache
         code = cache.pop(source, None)
         if code is None:
             try:
-                code = compile(source, CHECKER_FILENAME, "exec", dont_inherit=True)
+                compiled = compile(source, CHECKER_FILENAME, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
             except (ValueError, MemoryError, RecursionError, OverflowError) as exc:
                 return f"{type(exc).__name__}: {str(exc)[:200] or 'source too complex'}"
+            code = (compiled, _mutation_free(compiled))
             self.code_cache_chars += len(source)
             # Least recently used first out: sources shared by many environments (parameterless
             # safety checks, lax checks) stay compiled across batches while one-off sources pass.
@@ -1609,8 +1727,7 @@ class _WorkerRuntime:
         return code
 
     def _run_batch(self, req: tuple[Any, ...]) -> tuple[bytes, bytes]:
-        seq, entry, timeout, cpu_s, max_bytes, copy_args, srcs, blobs, pairs = req
-        st = self.st
+        seq, entry, timeout, cpu_s, max_bytes, copy_args, plain, srcs, bundle, pairs = req
         progress = _PROGRESS.pack_into
         mono = time.monotonic
         try:  # per-batch CPU budget on top of what the worker has used so far
@@ -1628,26 +1745,66 @@ class _WorkerRuntime:
             misses += src not in self.code_cache
             codes.append(self._compile(src))
         t_compile = clock() - t_compile
-        self.decode_s = 0.0
         token = self.abc.get_cache_token()
-        shared: list[Any] = [None] * len(blobs)
-        decoded = [False] * len(blobs)
-        rows: list[str] = []
-        values: list[str] = []
+        # Arguments are decoded once per batch.  Calls whose code is mutation-free share them
+        # (every call when copy_args is off); the others get a private copy each, pickled from
+        # the pristine objects before any checker runs.
+        t_decode = clock()
+        bad_args = None
+        try:
+            args = pickle.loads(bundle)
+        except Exception as exc:  # noqa: BLE001
+            args, bad_args = None, f"argument could not be decoded ({type(exc).__name__})"
+        share = [plain and not isinstance(c, str) and (not copy_args or c[1]) for c in codes]
+        private: dict[int, bytes] = {}
+        if args is not None:
+            for s, a in pairs:
+                if not share[s] and a not in private and not isinstance(codes[s], str):
+                    private[a] = pickle.dumps(args[a], protocol=5)
+        self.decode_s = clock() - t_decode
+        sharers: list[int] = []
+        out: list[tuple[str, str, float]] = []
         for j, (s, a) in enumerate(pairs):
             progress(self.shm, 0, seq, j, mono())
             code = codes[s]
             if isinstance(code, str):
-                rows.append(json.dumps(["compile_error", code[:MAX_MESSAGE_CHARS], 0.0, 0]))
-                continue
-            if copy_args:
-                arg_src: Any = blobs[a]
+                out.append(("compile_error", code[:MAX_MESSAGE_CHARS], 0.0))
+            elif args is None:
+                out.append(("exception", bad_args or "", 0.0))
+            elif share[s]:
+                sharers.append(j)
+                out.append(self._run_call(code[0], entry, args[a], False, timeout, max_bytes))
             else:
-                if not decoded[a]:
-                    shared[a] = pickle.loads(blobs[a])
-                    decoded[a] = True
-                arg_src = shared[a]
-            status, text, secs = self._run_call(code, entry, arg_src, copy_args, timeout, max_bytes)
+                out.append(self._run_call(code[0], entry, private[a], True, timeout, max_bytes))
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        # Tripwire: the shared arguments must pickle back to the very bytes they came from (the
+        # plain pickler runs no code a checker defined and rejects objects it planted).  If a call
+        # changed them anyway, every call that shared them is re-run on a private copy of the
+        # pristine arguments, so no verdict depends on another call's writes.
+        rerun = 0
+        if sharers:
+            t_decode = clock()
+            try:
+                intact = _plain_dumps(args) == bundle
+            except Exception:  # noqa: BLE001 - e.g. an object a checker planted, or a cycle
+                intact = False
+            if not intact:
+                self.recycle = True
+                rerun = len(sharers)
+                pristine = pickle.loads(bundle)
+                for j in sharers:
+                    s, a = pairs[j]
+                    if a not in private:
+                        private[a] = pickle.dumps(pristine[a], protocol=5)
+                    progress(self.shm, 0, seq, j, mono())
+                    out[j] = self._run_call(codes[s][0], entry, private[a], True, timeout, max_bytes)
+                signal.setitimer(signal.ITIMER_REAL, 0, 0)
+            self.decode_s += clock() - t_decode
+        args = None
+        progress(self.shm, 0, seq, _IDLE, mono())
+        rows: list[str] = []
+        values: list[str] = []
+        for status, text, secs in out:
             if status == "ok":
                 rows.append(f'["ok",null,{secs!r},{len(text)}]')
                 values.append(text)
@@ -1655,13 +1812,10 @@ class _WorkerRuntime:
                 rows.append(json.dumps([status, text[:MAX_MESSAGE_CHARS], secs, 0]))
                 if status in ("timeout", "memory", "forbidden", "crash"):
                     self.recycle = True
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
-        shared = []
-        progress(self.shm, 0, seq, _IDLE, mono())
         if self._tainted(token):
             self.recycle = True
-        header = '{"seq":%d,"recycle":%s,"t":[%r,%d,%r],"r":[%s]}' % (
-            seq, "true" if self.recycle else "false", t_compile, misses, self.decode_s, ",".join(rows))
+        header = '{"seq":%d,"recycle":%s,"t":[%r,%d,%r,%d,%d],"r":[%s]}' % (
+            seq, "true" if self.recycle else "false", t_compile, misses, self.decode_s, len(sharers), rerun, ",".join(rows))
         return header.encode("ascii"), ",".join(values).encode("ascii")
 
     def _tainted(self, token: object) -> bool:
