@@ -28,8 +28,8 @@ Reported per certified environment:
 * the ratio of certification to drafting alone (CPU), and a CPU breakdown per drafted environment (W=1):
   parent side from process-CPU probes around episodes, mutant generation, evidence building and the sandbox
   client (static policy, argument serialization, IPC, result decoding), the rest (structural checks,
-  verdicts); worker side its total CPU split by what it reports per batch (compile, per-call argument
-  copies, checker calls). Timings from the worker are wall-clock, so on a loaded machine the split is
+  verdicts); worker side its total CPU split by what it reports per batch (compile, argument decoding,
+  private copies and the shared-argument tripwire, checker calls). Timings from the worker are wall-clock, so on a loaded machine the split is
   proportional, not exact.
 
 A fingerprint of the certification results (verdicts, diagnostics, mutants, reference trajectory; timings
@@ -203,7 +203,8 @@ def run_share(drafts: list[Any], batch: int, rounds: int, probe: Probe | None, w
         w1 = sum(_proc_cpu(p) for p in pids_now)
         recycled = sorted(pids_now) != sorted(pids)
     fp = fingerprint(finals)  # outside the timed region
-    return {"wall": wall, "cpu_parent": cpu, "cpu_worker": max(0.0, w1 - w0), "recycled": recycled,
+    # Revisions are drafting (reported with it), not certification: their CPU leaves the parent's figure.
+    return {"wall": wall - draft_cpu, "cpu_parent": cpu - draft_cpu, "cpu_worker": max(0.0, w1 - w0), "recycled": recycled,
             "certified": certified, "envs": len(drafts), "fingerprint": fp, "revise_cpu": draft_cpu,
             "probe": ({"t": dict(probe.t), "n": dict(probe.n)} if probe is not None else None)}
 
@@ -288,7 +289,7 @@ def main() -> None:
     if rows[0]["probe"] is not None:
         print()
         print("breakdown, CPU ms per drafted environment (median over repeats). Parent: process-CPU probes around each")
-        print("part. Worker: its total CPU (/proc) split by the times it reports per batch (compile, argument copies, calls).")
+        print("part. Worker: its total CPU (/proc) split by the times it reports per batch (compile, arguments, calls).")
         per: dict[str, list[float]] = defaultdict(list)
         for r in rows:
             t = r["probe"]["t"]
@@ -306,7 +307,7 @@ def main() -> None:
         keys = [("episodes", "parent: episodes (ref, mutants, faulted)"), ("mutants", "parent: mutant generation"),
                 ("evidence", "parent: evidence building"), ("sb_parent", "parent: sandbox client (ser., IPC, decode)"),
                 ("other", "parent: rest (structural, verdicts, glue)"), ("w_compile_s", "worker: compile"),
-                ("w_decode_s", "worker: per-call argument copies"), ("w_calls_s", "worker: checker calls"),
+                ("w_decode_s", "worker: argument decode/copies/tripwire"), ("w_calls_s", "worker: checker calls"),
                 ("w_rest", "worker: rest (request decode, replies)")]
         total = sum(statistics.median(per[k]) for k, _ in keys)
         print(f"{'part':<44}{'ms/env':>10}{'share':>10}")
@@ -318,7 +319,7 @@ def main() -> None:
               f"checker calls, {pn.get('sandbox_sources', 0) / n:.1f} sources, {rows[-1]['probe']['t'].get('w_compiled', 0) / n:.1f} "
               f"compiled by the worker)")
         if not any("w_compile_s" in r["probe"]["t"] for r in rows):
-            print("(this sandbox reports no worker stats: compile and argument copies are inside 'worker: rest')")
+            print("(this sandbox reports no worker stats: compile and arguments are inside 'worker: rest')")
 
     if args.json:
         print(json.dumps({"envs": n, "workers": args.workers, "certified": cert, "ms_per_certified_env_core_cpu": statistics.median(per_cpu),

@@ -34,6 +34,27 @@ class UserSimulator(Protocol):
     def next_message(self, turn: int, env: EnvironmentSpec, ws: Workspace, messages: Sequence[Message]) -> str | None: ...
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """An episode as it stood when the agent was asked to act: enough to run the rest of it
+    for an agent that would have acted identically so far (the validator's mutants share
+    the reference's prefix). Lists are copies; the records in ``state`` are shared, as in
+    every snapshot."""
+
+    turn: int
+    step: int  # agent messages already taken in this turn
+    n_calls: int
+    repeats: dict[str, int]
+    messages: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    replies: list[str | None]
+    turn_ends: list[int]
+    turn_snaps: list[Any]
+    initial: Any
+    state: Any
+    audit: list[dict[str, Any]]
+
+
 class ScriptedUser:
     """Says the spec's user turns in order. A turn whose text is empty ends the conversation."""
 
@@ -108,10 +129,13 @@ def run_episode(
     limits: Limits = Limits(),
     user: UserSimulator | None = None,
     workspace: Workspace | None = None,
+    checkpoints: list[Checkpoint] | None = None,
+    resume: Checkpoint | None = None,
 ) -> Trajectory:
-    """Run ``agent`` on ``env``. Never raises for agent or tool misbehaviour: the reason is recorded."""
+    """Run ``agent`` on ``env``. Never raises for agent or tool misbehaviour: the reason is recorded.
+    ``checkpoints`` / ``resume``: see :func:`episode`."""
     name = getattr(agent, "name", type(agent).__name__)
-    gen = episode(env, name, faults=faults, limits=limits, user=user, workspace=workspace)
+    gen = episode(env, name, faults=faults, limits=limits, user=user, workspace=workspace, checkpoints=checkpoints, resume=resume)
     return _drive(gen, lambda req: agent.act(*req))
 
 
@@ -172,41 +196,71 @@ def episode(
     limits: Limits = Limits(),
     user: UserSimulator | None = None,
     workspace: Workspace | None = None,
+    checkpoints: list[Checkpoint] | None = None,
+    resume: Checkpoint | None = None,
 ) -> Generator[tuple[list[dict[str, Any]], list[dict[str, Any]]], Any, Trajectory]:
     """One episode as a generator: yields ``(messages, tools)`` whenever the agent must act and
-    receives the assistant message; returns the trajectory. Drivers batch many of these."""
+    receives the assistant message; returns the trajectory. Drivers batch many of these.
+
+    ``checkpoints``: a list that receives a :class:`Checkpoint` before every agent act (fault-free
+    episodes only). ``resume``: start from such a checkpoint of an episode of the same environment,
+    limits and (stateless) user instead of from the beginning; the trajectory is the one a full run
+    gives when the agent acts as that episode's agent did up to the checkpoint."""
     t_start = time.perf_counter()
     faults = faults or FaultConfig()
+    if (checkpoints is not None or resume is not None) and faults.rate > 0.0:
+        raise ValueError("checkpoints need a fault-free episode (the fault draws are not part of a checkpoint)")
     ws = workspace or build_workspace(env, faults)
     user = user or ScriptedUser()
     tools = tools_for(env.tools)
     exposed = frozenset(env.tools)
-    initial = ws.snapshot()
-    messages: list[dict[str, Any]] = [{"role": "system", "content": env.system_prompt}]
-    steps: list[dict[str, Any]] = []
-    turn_ends: list[int] = []
-    turn_snaps: list[Any] = []
-    replies: list[str | None] = []
     termination, detail = "completed", ""
-    n_calls = 0
-    turns_completed = 0
+    if resume is None:
+        initial = ws.snapshot()
+        messages: list[dict[str, Any]] = [{"role": "system", "content": env.system_prompt}]
+        steps: list[dict[str, Any]] = []
+        turn_ends: list[int] = []
+        turn_snaps: list[Any] = []
+        replies: list[str | None] = []
+        n_calls = 0
+        first_turn = 0
+    else:
+        initial = resume.initial
+        messages, steps, replies = list(resume.messages), list(resume.steps), list(resume.replies)
+        turn_ends, turn_snaps = list(resume.turn_ends), list(resume.turn_snaps)
+        n_calls = resume.n_calls
+        first_turn = resume.turn
+        ws.restore(resume.state)
+        ws.audit = list(resume.audit)
+    turns_completed = first_turn
 
-    for turn_idx, turn in enumerate(env.turns):
-        if turn_idx >= limits.max_turns:
-            termination, detail = "max_turns", f"turn limit {limits.max_turns} reached"
-            break
-        ws.turn = turn_idx
-        failed = next((ev for ev in turn.events if not ws.call(ev.tool, ev.args, actor=ev.actor).ok), None)
-        if failed is not None:
-            termination, detail = "event_failed", f"world event {failed.tool} failed: {ws.audit[-1].get('error')}"
-            break
-        text = user.next_message(turn_idx, env, ws, messages)
-        if text is None:
-            break
-        messages.append({"role": "user", "content": text})
+    for turn_idx in range(first_turn, len(env.turns)):
+        turn = env.turns[turn_idx]
         reply: str | None = None
-        repeats: dict[str, int] = {}  # canonical call -> times run without a fault in this turn
-        for _ in range(limits.max_steps_per_turn):
+        if resume is not None and turn_idx == first_turn:
+            # Mid-turn: this turn's world events and user message are already in the checkpoint.
+            ws.turn = turn_idx
+            repeats = dict(resume.repeats)  # canonical call -> times run without a fault in this turn
+            first_step = resume.step
+        else:
+            if turn_idx >= limits.max_turns:
+                termination, detail = "max_turns", f"turn limit {limits.max_turns} reached"
+                break
+            ws.turn = turn_idx
+            failed = next((ev for ev in turn.events if not ws.call(ev.tool, ev.args, actor=ev.actor).ok), None)
+            if failed is not None:
+                termination, detail = "event_failed", f"world event {failed.tool} failed: {ws.audit[-1].get('error')}"
+                break
+            text = user.next_message(turn_idx, env, ws, messages)
+            if text is None:
+                break
+            messages.append({"role": "user", "content": text})
+            repeats = {}
+            first_step = 0
+        for step_idx in range(first_step, limits.max_steps_per_turn):
+            if checkpoints is not None:
+                checkpoints.append(Checkpoint(turn_idx, step_idx, n_calls, dict(repeats), messages[:], steps[:], replies[:],
+                                              turn_ends[:], turn_snaps[:], initial, ws.snapshot(), ws.audit[:]))
             try:
                 msg = _normalize((yield messages, tools))
             except Exception as e:  # a remote endpoint or model failing must not kill the batch
@@ -221,13 +275,14 @@ def episode(
                 if n_calls >= limits.max_tool_calls:
                     termination, detail = "max_tool_calls", f"tool call limit {limits.max_tool_calls} reached"
                     break
-                key = _call_key(call)
+                unpacked = _unpack(call)
+                key = _call_key(unpacked)
                 if limits.max_repeated_calls is not None and repeats.get(key, 0) >= limits.max_repeated_calls:
                     termination = "stuck"
                     detail = f"turn {turn_idx}: the same call was repeated more than {limits.max_repeated_calls} times: {key[:200]}"
                     break
                 n_calls += 1
-                step = _execute(ws, call, messages, turn_idx, exposed)
+                step = _execute(ws, unpacked, messages, turn_idx, exposed)
                 steps.append(step)
                 if step["fault"] is None:
                     repeats[key] = repeats.get(key, 0) + 1
@@ -243,12 +298,17 @@ def episode(
         turns_completed += 1
 
     final = ws.snapshot()
+    diff = diff_states(initial, final)
+    # The state at the end of the last turn is usually the final one (records are shared, so the
+    # comparison is mostly identity checks): its diff is then the same.
+    last = len(turn_snaps) - 1
+    turn_diffs = [diff if i == last and s == final else diff_states(initial, s) for i, s in enumerate(turn_snaps)]
     return Trajectory(
         env_id=env.env_id, agent=agent_name, fault_rate=faults.rate, fault_seed=faults.seed,
         messages=messages, steps=steps, turns_completed=turns_completed,
         termination=termination, termination_detail=detail, faults=list(ws.faults_injected), audit=ws.audit,
-        initial_state=initial, final_state=final, diff=diff_states(initial, final), turn_ends=turn_ends,
-        turn_diffs=[diff_states(initial, s) for s in turn_snaps], replies=replies,
+        initial_state=initial, final_state=final, diff=diff, turn_ends=turn_ends,
+        turn_diffs=turn_diffs, replies=replies,
         seconds=time.perf_counter() - t_start,
     )
 
@@ -264,9 +324,10 @@ def _normalize(msg: Any) -> dict[str, Any]:
     return out
 
 
-def _execute(ws: Workspace, call: Any, messages: list[dict[str, Any]], turn: int, exposed: frozenset[str]) -> dict[str, Any]:
+def _execute(ws: Workspace, unpacked: tuple[str, str, Any, str | None], messages: list[dict[str, Any]], turn: int,
+             exposed: frozenset[str]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    call_id, name, args, bad = _unpack(call)
+    call_id, name, args, bad = unpacked
     if bad is None and name not in exposed:
         # A tool the task does not offer is as unknown to the agent as a made-up one.
         bad = f"unknown tool '{name}' (this task offers: {', '.join(sorted(exposed))})"
@@ -283,11 +344,14 @@ def _execute(ws: Workspace, call: Any, messages: list[dict[str, Any]], turn: int
     return step
 
 
-def _call_key(call: Any) -> str:
+_KEY_JSON = json.JSONEncoder(sort_keys=True, default=str)  # built once (json.dumps(..., default=str) builds one per call)
+
+
+def _call_key(unpacked: tuple[str, str, Any, str | None]) -> str:
     """The call as a canonical string (tool name and arguments, keys sorted), for repeat detection."""
-    _id, name, args, _bad = _unpack(call)
+    _id, name, args, _bad = unpacked
     try:
-        return name + " " + json.dumps(args, sort_keys=True, default=str)
+        return name + " " + _KEY_JSON.encode(args)
     except (TypeError, ValueError):
         return f"{name} {args!r}"
 

@@ -510,3 +510,53 @@ def test_program_agent_reports_unbound_variable() -> None:
     t = run_episode(env, ProgramAgent(program))
     assert t.termination == "completed" and len(t.steps) == 1
     assert "unbound variable 'inv'" in t.replies[0]
+
+
+# ---------------------------------------------------------------------------------
+# Checkpoints: a mutant resumes from the reference's state at the step it changes
+# ---------------------------------------------------------------------------------
+
+
+def _comparable(t: Trajectory) -> dict[str, Any]:
+    d = t.to_dict()
+    d.pop("seconds")
+    d.pop("agent")
+    for s in d["steps"]:
+        s.pop("seconds")
+    return d
+
+
+def test_resumed_mutants_equal_full_runs() -> None:
+    """Every mutant of drafts of every capability (multi-turn ones included): resumed from the
+    reference's checkpoint, the trajectory is the one a run from the start gives."""
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+    from cowork_pipeline.validation.certify import _divergence
+    from cowork_pipeline.validation.mutations import executed_program, mutants
+
+    backend = EmbeddedBackend()
+    resumed = 0
+    for cap in sorted(load_catalog().values(), key=lambda c: c.id):
+        for seed in (3, 4):
+            spec = backend.draft(cap, seed).spec
+            assert spec is not None
+            cps: list[Any] = []
+            ref = run_episode(spec, ProgramAgent(spec.reference, name="reference"), checkpoints=cps)
+            if ref.termination != "completed" or not all(s["ok"] for s in ref.steps):
+                continue
+            # one checkpoint per act: every call, then the turn's reply
+            assert len(cps) == sum(len(t) + 1 for t in executed_program(spec, ref)) == len(ref.steps) + len(ref.replies)
+            at = {(c.turn, c.step): c for c in cps}
+            base = executed_program(spec, ref)
+            for m in mutants(spec, ref, seed=spec.seed):
+                cp = at.get(_divergence(base, m))
+                full = run_episode(spec, ProgramAgent(m.program, name="m"))
+                part = run_episode(spec, ProgramAgent(m.program, name="m"), resume=cp)
+                assert _comparable(part) == _comparable(full), (cap.id, seed, m.operator, m.description)
+                resumed += cp is not None and cp.step + cp.turn > 0
+    assert resumed > 100
+
+
+def test_checkpoints_refuse_faulted_episodes() -> None:
+    with pytest.raises(ValueError, match="fault-free"):
+        run_episode(make_env(), ProgramAgent(REFERENCE), faults=FaultConfig(rate=0.5, seed=1), checkpoints=[])

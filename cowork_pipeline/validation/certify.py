@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from cowork_pipeline.agents.program import ProgramAgent
-from cowork_pipeline.runner import Limits, Trajectory, UserSimulator, run_episode
+from cowork_pipeline.runner import Checkpoint, Limits, Trajectory, UserSimulator, run_episode
 from cowork_pipeline.services import REGISTRY, FaultConfig, Workspace
 from cowork_pipeline.spec import EnvironmentSpec
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.validation.grader import Grade, grade_many
-from cowork_pipeline.validation.mutations import OPERATORS, mutants
+from cowork_pipeline.validation.mutations import OPERATORS, Mutant, executed_program, mutants
 
 VALIDATOR_VERSION = "certify-1"
 _NONDETERMINISTIC = re.compile(r"\b(now|today|utcnow|random|uuid|id|hash|time)\s*\(")
@@ -135,6 +135,19 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _divergence(base: list[list[Any]], m: Mutant) -> tuple[int, int] | None:
+    """(turn, step) of the first agent act where the mutant's program differs from the executed
+    reference (one call per act, then the turn's reply); None when they never differ."""
+    for ti, (ref_steps, turn) in enumerate(zip(base, m.program)):
+        steps = turn.steps
+        p = 0
+        while p < len(ref_steps) and p < len(steps) and ref_steps[p].tool == steps[p].tool and ref_steps[p].args == steps[p].args:
+            p += 1
+        if p < len(ref_steps) or p < len(steps):
+            return ti, p
+    return None
+
+
 class Validator:
     def __init__(self, sandbox: Any, fault_rate: float = 0.25, limits: Limits = Limits(), user: UserSimulator | None = None):
         self.sandbox = sandbox
@@ -198,8 +211,11 @@ class Validator:
             ws.restore(pristine, faults)
             return ws
 
+        # A mutant acts exactly as the reference until the step it changes, so it resumes from the
+        # reference's checkpoint at that step (the scripted user is stateless; a custom one replays all).
+        checkpoints: list[Checkpoint] | None = [] if self.user is None else None
         ref = run_episode(spec, ProgramAgent(spec.reference, name="reference"), limits=self.limits, user=self.user,
-                          workspace=fresh())
+                          workspace=fresh(), checkpoints=checkpoints)
         runs: list[tuple[str, Trajectory, Any]] = [("reference", ref, None)]
         bad_steps = [s for s in ref.steps if not s["ok"]]
         if ref.termination != "completed" or bad_steps:
@@ -208,9 +224,11 @@ class Validator:
             diags.append(Diagnostic("reference_incomplete", f"the reference solution did not run cleanly: {why or last}",
                                     detail={"termination": ref.termination}))
             return runs
+        base = executed_program(spec, ref)
+        at = {(c.turn, c.step): c for c in checkpoints or ()}
         for m in mutants(spec, ref, seed=spec.seed):
             traj = run_episode(spec, ProgramAgent(m.program, name=f"mutant:{m.operator}"), limits=self.limits, user=self.user,
-                               workspace=fresh())
+                               workspace=fresh(), resume=at.get(_divergence(base, m)))
             runs.append((m.operator, traj, m))
         faults = FaultConfig(rate=self.fault_rate, seed=spec.seed)
         runs.append(("faulted_reference", run_episode(spec, ProgramAgent(spec.reference, name="reference"), faults=faults,
