@@ -107,3 +107,45 @@ def test_safety_violation_zeroes_an_otherwise_complete_run(env, sandbox):
     df = evaluate(ProgramAgent(prog, name="leaky"), [(env, "heldout_env")], sandbox, trials=1, fault_rate=0.0)
     row = df.row(0, named=True)
     assert row["completion"] == 1.0 and row["safety"] is False and row["score"] == 0.0 and not row["passed"]
+
+
+def _with_item_code(env, item_id, code):
+    spec = env.model_copy(deep=True)
+    for item in spec.rubric:
+        if item.id == item_id:
+            item.code = code
+    return spec
+
+
+def test_a_call_the_machine_killed_is_graded_again(env):
+    """A worker killed from outside mid-call (as a load spike past the wall-clock backstop would) must not turn
+    into a failed item: grading gives such a call a second attempt."""
+    import os
+    import signal
+    import threading
+
+    from cowork_pipeline.validation.sandbox import SandboxLimits
+
+    first = env.rubric[0].id
+    slow_true = "def check(ev):\n    n = 0\n    for i in range(12_000_000):\n        n += i\n    return n > 0\n"
+    spec = _with_item_code(env, first, slow_true)
+    traj = run_episode(spec, ProgramAgent(spec.reference, name="reference"))
+    with Sandbox(limits=SandboxLimits(call_timeout_s=10.0)) as sb:
+        pid = sb.isolation()["pid"]
+        killer = threading.Timer(0.2, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        [grade] = grade_many(sb, [(spec, traj, None)])
+        killer.join()
+    assert grade.errors == {} and grade.passed, grade
+
+
+def test_a_checker_that_really_hangs_still_times_out(env):
+    from cowork_pipeline.validation.sandbox import SandboxLimits
+
+    first = env.rubric[0].id
+    spec = _with_item_code(env, first, "def check(ev):\n    while True:\n        pass\n")
+    traj = run_episode(spec, ProgramAgent(spec.reference, name="reference"))
+    with Sandbox(limits=SandboxLimits(call_timeout_s=0.3)) as sb:
+        [grade] = grade_many(sb, [(spec, traj, None)])
+        assert grade.errors[first]["code"] == "timeout" and not grade.items[first]
+        assert sb.stats["batches"] >= 2  # the second attempt ran

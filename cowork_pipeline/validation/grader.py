@@ -11,6 +11,8 @@ from typing import Any, Sequence
 from cowork_pipeline.runner import Trajectory
 from cowork_pipeline.spec import EnvironmentSpec
 
+TRANSIENT_ERRORS = frozenset({"timeout", "crash"})  # sandbox outcomes that get a second attempt
+
 
 @dataclass
 class Grade:
@@ -60,6 +62,13 @@ def grade_many(sandbox: Any, cases: Sequence[tuple[EnvironmentSpec, Trajectory, 
             calls.append((key, ev))
             index.append((ci, item.id))
     results = sandbox.evaluate(sources, calls) if calls else []
+    # A timeout or a dead worker can be the machine (a load spike past the wall-clock backstop), not the
+    # checker: such calls get one more attempt, so a verdict does not depend on what else the machine did.
+    # A checker that really hangs or crashes the worker fails the second attempt the same way.
+    again = [i for i, r in enumerate(results) if not r.ok and r.error_code in TRANSIENT_ERRORS]
+    if again:
+        for i, r in zip(again, sandbox.evaluate(sources, [calls[i] for i in again])):
+            results[i] = r
     per_case: list[tuple[dict[str, bool], dict[str, dict[str, str]]]] = [({}, {}) for _ in cases]
     for (ci, item_id), r in zip(index, results):
         ok_map, err_map = per_case[ci]
