@@ -207,6 +207,24 @@ def test_shared_argument_tripwire_reruns_on_private_copies() -> None:
     assert ev == {"xs": [1, 2, 3]}
 
 
+def test_arguments_that_are_not_plain_data_are_copied_per_call(sb: Sandbox) -> None:
+    """A date in an argument is still fine (pickle carries it), but such a request shares nothing: the
+    tripwire's pickler only vouches for plain data."""
+    import datetime
+
+    ev = {"when": datetime.date(2026, 3, 2), "xs": [1, 2]}
+    before = dict(sb.stats)
+    results = sb.evaluate({"read": check_src("return [ev['when'].isoformat(), len(ev['xs'])]")}, [("read", ev), ("read", ev)])
+    assert [r.value for r in results] == [["2026-03-02", 2]] * 2
+    assert sb.stats["shared_calls"] == before["shared_calls"]
+
+
+def test_unpicklable_argument_is_a_clear_error_and_the_sandbox_stays_usable(sb: Sandbox) -> None:
+    with pytest.raises(TypeError, match="argument of call 1 is not picklable"):
+        sb.evaluate({"g": GOOD}, [("g", {"xs": []}), ("g", {"xs": [lambda: 1]})])
+    assert_healthy(sb)
+
+
 @pytest.mark.parametrize(
     "body, free",
     [
