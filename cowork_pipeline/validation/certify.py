@@ -227,8 +227,9 @@ class Validator:
         base = executed_program(spec, ref)
         at = {(c.turn, c.step): c for c in checkpoints or ()}
         for m in mutants(spec, ref, seed=spec.seed):
+            cp = at.get(_divergence(base, m))  # the episode restores the checkpoint's state itself
             traj = run_episode(spec, ProgramAgent(m.program, name=f"mutant:{m.operator}"), limits=self.limits, user=self.user,
-                               workspace=fresh(), resume=at.get(_divergence(base, m)))
+                               workspace=fresh() if cp is None else Workspace(None), resume=cp)
             runs.append((m.operator, traj, m))
         faults = FaultConfig(rate=self.fault_rate, seed=spec.seed)
         runs.append(("faulted_reference", run_episode(spec, ProgramAgent(spec.reference, name="reference"), faults=faults,

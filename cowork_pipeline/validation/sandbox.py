@@ -862,25 +862,26 @@ class Sandbox:
             call_arg[i] = ai
             pending.append(i)
         if pending:
+            # Bundles are built per request (a job's share of the calls), on first use, and reused by re-runs.
             bundles: dict[tuple[int, ...], tuple[bytes, bool]] = {}
-            bundles[tuple(range(len(args)))] = self._bundle(args, calls, call_arg, pending)
             self._dispatch(pending, src_texts, args, bundles, call_src, call_arg, entry, results)
         return [r if r is not None else CallResult(False, None, "crash", "no result", 0.0) for r in results]
 
     @staticmethod
-    def _bundle(args: Sequence[object], calls: Sequence[tuple[str, object]] = (), call_arg: Sequence[int] = (),
-                pending: Sequence[int] = ()) -> tuple[bytes, bool]:
-        """All of a request's arguments in one pickle (records shared between arguments, e.g. the
-        untouched part of several trajectories' final states, are sent and decoded once), and
-        whether it is plain data (only then may the worker share decoded arguments)."""
+    def _bundle(args: Sequence[object], used: Sequence[int], ids: Sequence[int], call_arg: Sequence[int]) -> tuple[bytes, bool]:
+        """The arguments ``args[a] for a in used`` in one pickle (records shared between arguments, e.g. the
+        untouched part of several trajectories' final states, are sent and decoded once), and whether it is
+        plain data (only then may the worker share decoded arguments). ``ids``/``call_arg`` name the call
+        whose argument cannot be pickled."""
+        objs = [args[a] for a in used]
         try:
-            return _plain_dumps(list(args)), True
+            return _plain_dumps(objs), True
         except Exception:  # noqa: BLE001 - not plain data: still fine, each call gets its own copy
             pass
         try:
-            return pickle.dumps(list(args), protocol=5), False
+            return pickle.dumps(objs, protocol=5), False
         except Exception as exc:
-            bad = next((i for i in pending if not _picklable(calls[i][1])), None) if calls else None
+            bad = next((c for c in ids if not _picklable(args[call_arg[c]])), None)
             where = f"argument of call {bad}" if bad is not None else "an argument"
             raise TypeError(f"{where} is not picklable plain data: {exc}") from exc
 
@@ -1005,8 +1006,8 @@ class Sandbox:
             pairs.append((s, local_arg.setdefault(call_arg[c], len(local_arg))))
         used = tuple(local_arg)  # global argument indices in local order
         bundle = bundles.get(used)
-        if bundle is None:  # a share of the batch (several workers, or a re-run after a crash)
-            bundle = bundles[used] = self._bundle([args[a] for a in used])
+        if bundle is None:
+            bundle = bundles[used] = self._bundle(args, used, ids, call_arg)
         blob, plain = bundle
         payload = pickle.dumps(
             (self._seq, entry, lim.call_timeout_s, lim.cpu_seconds, lim.max_result_bytes, self.copy_arguments, plain, srcs, blob, pairs),
