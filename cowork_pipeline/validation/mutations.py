@@ -75,7 +75,8 @@ def _collection_of(env: EnvironmentSpec, rid: str) -> str | None:
 
 
 def _copy(turns: list[list[Step]]) -> list[list[Step]]:
-    return [[Step(tool=s.tool, args=dict(s.args)) for s in t] for t in turns]
+    # Operators replace, drop or append steps, never edit one in place, so mutants share the Step objects.
+    return [list(t) for t in turns]
 
 
 # At most this many mutants per operator (bounds the cost of certification). Sites are taken turn by
