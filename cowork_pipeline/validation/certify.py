@@ -226,7 +226,7 @@ class Validator:
             return runs
         base = executed_program(spec, ref)
         at = {(c.turn, c.step): c for c in checkpoints or ()}
-        for m in mutants(spec, ref, seed=spec.seed):
+        for m in mutants(spec, ref, seed=spec.seed, base=base):
             cp = at.get(_divergence(base, m))  # the episode restores the checkpoint's state itself
             traj = run_episode(spec, ProgramAgent(m.program, name=f"mutant:{m.operator}"), limits=self.limits, user=self.user,
                                workspace=fresh() if cp is None else Workspace(None), resume=cp)

@@ -186,9 +186,10 @@ def _value_changes(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int, r
     return out + stale
 
 
-def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0) -> list[Mutant]:
+def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[list[Step]] | None = None) -> list[Mutant]:
+    """``base``: ``executed_program(env, traj)`` when the caller already has it."""
     rng = random.Random(seed)
-    base = executed_program(env, traj)
+    base = executed_program(env, traj) if base is None else base
     flat = [(ti, si, s) for ti, t in enumerate(base) for si, s in enumerate(t)]
     effectful = _rotate([(ti, si, s) for ti, si, s in flat if _effectful(s)])
     out: list[Mutant] = [Mutant("null", "do nothing, but reply as the reference does", _program(env, [[] for _ in base]))]

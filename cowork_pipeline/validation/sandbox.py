@@ -1749,7 +1749,7 @@ class _WorkerRuntime:
         t_compile = clock() - t_compile
         token = self.abc.get_cache_token()
         # Arguments are decoded once per batch.  Calls whose code is mutation-free share them
-        # (every call when copy_args is off); the others get a private copy each, pickled from
+        # (every call when copy_args is off); the others get a private copy each, serialized from
         # the pristine objects before any checker runs.
         t_decode = clock()
         bad_args = None
