@@ -15,7 +15,9 @@ revised), so "certified" counts first-pass survivors. ``--rounds K`` runs the re
 (``synthesize(..., max_rounds=K)``): drafting then includes revisions and certification every round.
 
 Each repeat uses fresh seeds (so neither the worker's compile cache nor the parent's static-policy cache is
-warmer than in production) and a fresh sandbox; the table shows the median and the best repeat. ``--workers W`` runs W independent
+warmer than in production) and a fresh sandbox (whose worker learns the checker skeletons again after
+one warm-up batch of other seeds: colder than a production run's long-lived worker); the table shows
+the median and the best repeat. ``--workers W`` runs W independent
 processes (each with its own one-worker sandbox) on disjoint shares of the drafts.
 
 Reported per certified environment:
@@ -121,7 +123,7 @@ def install_probes() -> Probe:
         n["sandbox_sources"] += len(sources)
         after = getattr(self, "stats", None)
         if after:
-            for k in ("compile_s", "decode_s", "compiled"):
+            for k in ("compile_s", "decode_s", "compiled", "instantiated"):
                 t["w_" + k] += after.get(k, 0) - before.get(k, 0)
         t["w_calls_s"] += sum(r.seconds for r in res)
         return res
@@ -316,8 +318,8 @@ def main() -> None:
             print(f"{label:<44}{m:>10.3f}{m / total:>10.1%}")
         pn = rows[-1]["probe"]["n"]
         print(f"(last repeat, per environment: {pn.get('episodes', 0) / n:.1f} episodes, {pn.get('sandbox_calls', 0) / n:.1f} "
-              f"checker calls, {pn.get('sandbox_sources', 0) / n:.1f} sources, {rows[-1]['probe']['t'].get('w_compiled', 0) / n:.1f} "
-              f"compiled by the worker)")
+              f"checker calls, {pn.get('sandbox_sources', 0) / n:.1f} sources, {rows[-1]['probe']['t'].get('w_instantiated', 0) / n:.1f} "
+              f"instantiated from a known skeleton, {rows[-1]['probe']['t'].get('w_compiled', 0) / n:.1f} compile() calls on text)")
         if not any("w_compile_s" in r["probe"]["t"] for r in rows):
             print("(this sandbox reports no worker stats: compile and arguments are inside 'worker: rest')")
 

@@ -252,6 +252,104 @@ def test_mutation_free_proof(body: str, free: bool) -> None:
     assert _mutation_free(compile(check_src(body), "<c>", "exec")) is free
 
 
+# Pairs of sources that differ only in their string literals (one skeleton), each with a case the
+# skeleton compiler must not get wrong: folding, rewriting, implicit concatenation, comments and
+# '#' inside strings, quotes of either kind, escapes and prefixes, non-ASCII, duplicate keys,
+# literals that look like placeholders ("00", "01").
+SKELETON_PAIRS = [
+    ("def check(ev):\n    return ev['k'] == 'abc'  # it's a 'comment'\n",
+     "def check(ev):\n    return ev['k'] == 'xyz'  # it's a 'comment'\n"),
+    ("def check(ev):\n    return ['a#b', \"it's\", '', \"\"]\n", "def check(ev):\n    return ['c#d', \"he's\", '', \"\"]\n"),
+    ("def check(ev):\n    return 'ab' + 'cd'\n", "def check(ev):\n    return 'xy' + 'zw'\n"),
+    ("def check(ev):\n    return 'ab' * 3\n", "def check(ev):\n    return 'xyz' * 3\n"),
+    ("def check(ev):\n    return '%s-%s' % (ev['k'], 1)\n", "def check(ev):\n    return '%r+%s' % (ev['k'], 1)\n"),
+    ("def check(ev):\n    return ('ab' 'cd', ev['k'] + 'e')\n", "def check(ev):\n    return ('xy' 'zw', ev['k'] + 'f')\n"),
+    ("def check(ev):\n    return 'abc'[1], 'abc'[-1:]\n", "def check(ev):\n    return 'xyzw'[1], 'xyzw'[-1:]\n"),
+    ("def check(ev):\n    return not 'a', -len('ab')\n", "def check(ev):\n    return not 'b', -len('cde')\n"),
+    ("def check(ev):\n    return f'{ev[\"k\"]}-a', r'a\\d', b'x'.decode()\n",
+     "def check(ev):\n    return f'{ev[\"k\"]}-b', r'b\\d', b'y'.decode()\n"),
+    ("def check(ev):\n    return 'a\\tb', '''x'y'''\n", "def check(ev):\n    return 'c\\td', '''z'w'''\n"),
+    ("def check(ev):\n    return {'a': 1, 'a': 2, 'b': 3}\n", "def check(ev):\n    return {'x': 1, 'x': 2, 'y': 3}\n"),
+    ("def check(ev):\n    return ['00', '01', 'k', 'k', 'é', 'naïve']\n",
+     "def check(ev):\n    return ['01', '00', 'e', 'e', 'ü', 'résumé']\n"),
+    ("def check(ev):\n    x = 'a'\n    return x == 'a', sorted({'b', 'c', x}), 'a' in ('a', 'b')\n",
+     "def check(ev):\n    x = 'q'\n    return x == 'q', sorted({'r', 's', x}), 'q' in ('q', 'r')\n"),
+    ("def check(ev):\n    def f(a, *, key='x'):\n        'doc'\n        return a + key\n    return f('y', key='z'), f('w')\n",
+     "def check(ev):\n    def f(a, *, key='u'):\n        'cod'\n        return a + key\n    return f('v', key='t'), f('s')\n"),
+    ("def check(ev):\n    match ev:\n        case {'k': 'v-w'}:\n            return 'hit'\n    return 'miss'\n",
+     "def check(ev):\n    match ev:\n        case {'j': 'v'}:\n            return 'hot'\n    return 'mass'\n"),
+    # a duplicate mapping-pattern key is a SyntaxError: the second source must not inherit the first's code
+    ("def check(ev):\n    match ev:\n        case {'k': 1, 'j': 2}:\n            return 1\n    return 0\n",
+     "def check(ev):\n    match ev:\n        case {'k': 1, 'k': 2}:\n            return 1\n    return 0\n"),
+    ("def check(ev):\n    return ev['k'].split('-')[0], '-'.join(['a', 'b'])\n",
+     "def check(ev):\n    return ev['k'].split('+')[0], '+'.join(['c', 'd'])\n"),
+]
+
+
+def _in_process(source: str, arg: object) -> object:
+    try:
+        code = compile(source, "<checker>", "exec", dont_inherit=True)
+    except SyntaxError:
+        return "compile_error"
+    g: dict[str, object] = {}
+    exec(code, g)
+    out = g["check"](arg)
+    return list(out) if isinstance(out, tuple) else out
+
+
+def test_sources_of_one_skeleton_give_their_own_results() -> None:
+    """The worker compiles a skeleton once and instantiates later sources from it; every result
+    must be what compiling each source on its own gives, in every tricky case."""
+    ev = {"k": "v-w"}
+    with Sandbox(workers=1, limits=LIMITS) as box:
+        for first, second in SKELETON_PAIRS:
+            for src in (first, second):  # the second is instantiated where the skeleton is usable
+                [res] = box.evaluate({"s": src}, [("s", ev)])
+                want = _in_process(src, ev)
+                got = res.error_code if want == "compile_error" else res.value
+                assert got == want, (src, res, want)
+        assert box.stats["instantiated"] >= 8, box.stats
+        assert_healthy(box)
+
+
+def test_skeleton_instantiation_equals_compile_for_every_embedded_checker() -> None:
+    """In-process: every checker the embedded backend writes (first drafts and revisions) comes
+    from a known skeleton with code equal to compile(source) but for column offsets (same
+    bytecode, constants, names and line numbers), or was compiled from its text."""
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.synthesis.draft import Diagnostic
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+    from cowork_pipeline.validation.sandbox import CHECKER_FILENAME, _CheckerCompiler, _State
+
+    backend = EmbeddedBackend()
+    sources: list[str] = []
+    for cap in sorted(load_catalog().values(), key=lambda c: c.id):
+        for seed in range(4):
+            d = backend.draft(cap, seed)
+            sources += [i.code for i in d.spec.rubric]
+            r = backend.revise(d, [Diagnostic("mutation_survived", "x", detail={"operator": "wrong_value"})])
+            sources += [i.code for i in r.spec.rubric] if r.spec else []
+    sources = list(dict.fromkeys(sources))
+    compiler = _CheckerCompiler(_State())
+    for src in sources:
+        code, mutation_free = compiler.compile(src)
+        real = compile(src, CHECKER_FILENAME, "exec", dont_inherit=True)
+        assert compiler._same_but_columns(code, real), src
+        assert list(code.co_lines()) == list(real.co_lines())
+    assert compiler.instantiated >= len(sources) // 2, (compiler.instantiated, len(sources))
+    assert None not in compiler.skeletons.values()  # every embedded template is usable
+
+
+def test_skeleton_compiler_rejects_what_it_cannot_read_exactly() -> None:
+    from cowork_pipeline.validation.sandbox import _skeleton
+
+    for src in ["x = f'a'", "x = r'a'", "x = b'a'", "x = 'a\\tb'", "x = '''a'''", 'x = """a"""', "x = 1", "# 'a'",
+                "x = 'a' \\\n  'b'", "from __future__ import annotations\nx: 'a' = 'b'"]:
+        assert _skeleton(src) is None, src
+    skel, n, values = _skeleton("x = {'a': \"a\", 'b': ''}  # 'c'\n")
+    assert skel == "x = {'00': \"00\", '01': ''}  # 'c'\n" and n == 4 and values == {"00": "a", "01": "b"}
+
+
 def test_globals_do_not_leak_between_calls(sb: Sandbox) -> None:
     src = "seen = []\ndef check(ev):\n    seen.append(1)\n    return len(seen)\n"
     results = sb.evaluate({"s": src}, [("s", {})] * 3)
@@ -392,6 +490,9 @@ PROBES_RUNTIME = {
     "importlib": (check_src("import importlib\nreturn 1"), {"forbidden"}),
     "ctypes": (check_src("import ctypes\nreturn 1"), {"forbidden"}),
     "getattr": (check_src("return getattr(ev, 'keys')"), {"exception"}),  # NameError
+    # the worker may give its own skeleton code new constants (code.replace); a checker may not
+    "code_replace": (check_src("c = check.__code__\nreturn c.replace(co_consts=c.co_consts) is not None"), {"forbidden"}),
+    "code_replace_gen": (check_src("g = (x for x in ())\nreturn g.gi_code.replace(co_consts=()) is not None"), {"forbidden"}),
     "subclass_walk_system": (SUBCLASS_WALK % "rt", {"forbidden"}),
     "walk_fork": (SUBCLASS_WALK.replace("return g['system']('touch /tmp/sandbox_pwned_%s')", "return g['fork']()"), {"forbidden"}),
     "walk_popen": (
@@ -656,3 +757,21 @@ def test_decimal_context_reset_between_calls(sb: Sandbox) -> None:
     src = check_src("import decimal\nprec = decimal.getcontext().prec\ndecimal.getcontext().prec = 3\nreturn prec")
     results = sb.evaluate({"s": src}, [("s", {})] * 3)
     assert [r.value for r in results] == [28, 28, 28]
+
+
+def test_policy_words_inside_string_literals_are_not_identifiers() -> None:
+    """The parent's text-only policy test judges the skeleton when the text alone fails: words in
+    string literals no longer force a parse, identifiers still do, and what the scanner cannot
+    read exactly (prefixes, escapes, triple quotes) still takes the full analysis."""
+    from cowork_pipeline.validation.sandbox import _policy_clean_text
+
+    clean = ["def check(ev):\n    return ev['status'] == 'open' and 'import' not in ev['note'] and ev['who'] != 'José'\n",
+             "def check(ev):\n    return ev.get('__class__') is None\n"]
+    suspicious = ["def check(ev):\n    return open('x')\n", "def check(ev):\n    return ev.__class__\n",
+                  "def check(ev):\n    import os\n    return 'open'\n", "def check(ev):\n    return f'{open}'\n",
+                  "def check(ev):\n    return 'a\\n' + 'open'\n"]
+    assert all(_policy_clean_text(s) for s in clean)
+    assert not any(_policy_clean_text(s) for s in suspicious)
+    # and the verdicts are unchanged: static_check finds the violations, and nothing in the clean ones
+    assert all(static_check(s) == [] for s in clean)
+    assert all(static_check(s) for s in suspicious[:3])
