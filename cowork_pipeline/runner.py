@@ -106,9 +106,9 @@ class Trajectory:
 
 
 def _apply(initial: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
-    out = {c: dict(r) for c, r in initial.items()}
+    out = dict(initial)  # collections the diff does not touch are shared, as in a snapshot
     for coll, d in diff.items():
-        recs = out.setdefault(coll, {})
+        recs = out[coll] = dict(out.get(coll, {}))
         for k in d["removed"]:
             recs.pop(k, None)
         recs.update(d["added"])

@@ -841,6 +841,35 @@ def test_restore_after_a_whole_session() -> None:
     json.dumps(ws.state())
 
 
+def test_snapshots_share_unchanged_collections_and_stay_isolated() -> None:
+    """Copy-on-write: a snapshot shares every collection with the workspace until the workspace
+    writes to it; each snapshot in a sequence keeps its own state, and two workspaces restored
+    from the same snapshot never see each other's writes."""
+    ws = new_ws()
+    s0 = ws.snapshot()
+    assert all(s0[c] is ws.table(c) for c in s0)  # O(#collections), nothing copied
+    frozen0 = copy.deepcopy(s0)
+    ws.call("tasks_update", {"task_id": "task_1", "status": "done"})
+    s1 = ws.snapshot()
+    assert s1["tasks.tasks"] is not s0["tasks.tasks"]  # copied on the first write only
+    assert all(s1[c] is s0[c] for c in s0 if c not in ("tasks.tasks", "_meta"))
+    frozen1 = copy.deepcopy(s1)
+    ws.call("tasks_update", {"task_id": "task_1", "status": "todo"})
+    ws.call("tasks_delete", {"task_id": "task_2"})
+    ws.call("tasks_create", {"title": "x"})
+    assert s0 == frozen0 and s1 == frozen1
+    a, b = Workspace(None), Workspace(None)
+    a.restore(s1)
+    b.restore(s1)
+    a.call("tasks_delete", {"task_id": "task_1"})
+    b.call("tasks_create", {"title": "y"})
+    assert "task_1" in b.table("tasks.tasks") and "task_1" not in a.table("tasks.tasks")
+    assert len(a.table("tasks.tasks")) == len(frozen1["tasks.tasks"]) - 1
+    assert len(b.table("tasks.tasks")) == len(frozen1["tasks.tasks"]) + 1
+    assert s1 == frozen1 and a.now() == b.now()
+    assert a.table("_meta")["clock"]["minutes"] == frozen1["_meta"]["clock"]["minutes"] + 1  # one write each
+
+
 def test_diff_states_added_removed_changed() -> None:
     ws = new_ws()
     before = ws.snapshot()

@@ -2,9 +2,10 @@
 
 State is ``{collection: {record_id: record}}`` with collections named ``service.kind``
 (``mail.messages``). Records are treated as immutable values: tools never edit a
-record in place, they store a new dict (:meth:`Workspace.update`). That makes a
-snapshot a shallow copy of each collection's index (structural sharing) instead of
-a deep copy of every record, and lets the diff skip unchanged records by identity.
+record in place, they store a new dict (:meth:`Workspace.update`), and a collection's
+index is copied on its first write after a snapshot. That makes a snapshot a shallow
+copy of the collection map (structural sharing) instead of a deep copy of every record,
+and lets the diff skip unchanged collections and records by identity.
 """
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ class Workspace:
         # Copy the caller's records once so later writes never reach their objects.
         self._data: State = {c: {k: dict(v) for k, v in recs.items()} for c, recs in (state or {}).items()}
         self._data.setdefault(META, {}).setdefault("clock", {"minutes": 0})
+        # Copy-on-write collections: a snapshot shares every collection's index with the live
+        # workspace, and the first write to a collection after a snapshot or restore copies that
+        # index (only this one). ``_owned``: the collections this workspace may write in place.
+        self._owned: set[str] = set(self._data)
         self.audit: list[dict[str, Any]] = []
         self.turn = 0
         self._faults = faults or FaultConfig()
@@ -88,6 +93,14 @@ class Workspace:
     def table(self, collection: str) -> dict[str, dict[str, Any]]:
         """Read-only view by convention: mutate through insert/update/delete only."""
         return self._data.get(collection, {})
+
+    def _writable(self, collection: str) -> dict[str, Any]:
+        """``collection``'s index, copied first if a snapshot may share it."""
+        if collection in self._owned:
+            return self._data[collection]
+        coll = self._data[collection] = dict(self._data.get(collection, {}))
+        self._owned.add(collection)
+        return coll
 
     def get(self, collection: str, record_id: str, what: str | None = None) -> dict[str, Any]:
         rec = self._data.get(collection, {}).get(record_id)
@@ -110,27 +123,26 @@ class Workspace:
                     break
             else:
                 break
-        meta["counters"] = {**counters, prefix: n}
+        self._writable(META)["counters"] = {**counters, prefix: n}
         return rid
 
     def insert(self, collection: str, record: dict[str, Any], prefix: str | None = None) -> dict[str, Any]:
         rid = record.get("id") or self.new_id(prefix or collection.split(".")[-1][:4])
-        coll = self._data.setdefault(collection, {})
-        if rid in coll:
+        if rid in self._data.get(collection, ()):
             raise ToolError("conflict", f"id '{rid}' already exists in {collection}")
         rec = {"id": rid, **{k: v for k, v in record.items() if k != "id"}}
-        coll[rid] = rec
+        self._writable(collection)[rid] = rec
         return rec
 
     def update(self, collection: str, record_id: str, **changes: Any) -> dict[str, Any]:
         old = self.get(collection, record_id)
         new = {**old, **changes}
-        self._data[collection][record_id] = new
+        self._writable(collection)[record_id] = new
         return new
 
     def delete(self, collection: str, record_id: str) -> dict[str, Any]:
         rec = self.get(collection, record_id)
-        del self._data[collection][record_id]
+        del self._writable(collection)[record_id]
         return rec
 
     # ---- clock -----------------------------------------------------------------------
@@ -143,7 +155,7 @@ class Workspace:
         return text
 
     def tick(self, minutes: int = 1) -> None:
-        self._data[META]["clock"] = {"minutes": self._data[META]["clock"]["minutes"] + minutes}
+        self._writable(META)["clock"] = {"minutes": self._data[META]["clock"]["minutes"] + minutes}
 
     @property
     def profile(self) -> dict[str, Any]:
@@ -201,12 +213,15 @@ class Workspace:
 
     # ---- snapshots -------------------------------------------------------------------
     def snapshot(self) -> State:
-        """O(#collections + #records) pointer copies; records are shared, never mutated."""
-        return {c: dict(recs) for c, recs in self._data.items()}
+        """O(#collections): collections and records are shared with the workspace, which copies a
+        collection's index before it next writes to it. Treat a snapshot as read-only."""
+        self._owned.clear()
+        return dict(self._data)
 
     def restore(self, snap: State, faults: FaultConfig | None = None) -> None:
         """Back to ``snap`` with a fresh audit log (episodes start from a pristine copy)."""
-        self._data = {c: dict(recs) for c, recs in snap.items()}
+        self._data = dict(snap)
+        self._owned = set()
         self.audit = []
         self.turn = 0
         self.faults_injected = []
