@@ -775,3 +775,22 @@ def test_policy_words_inside_string_literals_are_not_identifiers() -> None:
     # and the verdicts are unchanged: static_check finds the violations, and nothing in the clean ones
     assert all(static_check(s) == [] for s in clean)
     assert all(static_check(s) for s in suspicious[:3])
+
+
+def test_policy_verdict_by_skeleton_equals_the_sources_own() -> None:
+    """The parent analyses a parsable source by its skeleton (cached across sources of one
+    template): the verdict must be the one the source itself gets, for every escape probe and
+    tricky literal case here and every embedded checker."""
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+    from cowork_pipeline.validation.sandbox import _analyze, _analyze_text
+
+    backend = EmbeddedBackend()
+    sources = list(PROBES_STATIC.values()) + [src for src, _codes in PROBES_RUNTIME.values()] + [SUBCLASS_WALK]
+    sources += [s for pair in SKELETON_PAIRS for s in pair]
+    sources += [i.code for cap in load_catalog().values() for seed in range(3) for i in backend.draft(cap, seed).spec.rubric]
+    sources += ["def check(ev):\n    import os\n    return ev['x'] == 'import os'\n",
+                "def check(ev):\n    from datetime import datetime as __dt\n    return 'a'\n",
+                "def check(ev):\n    return 'a' 'b' + eval('1')\n", "def check(ev):\n    return 'unclosed\n"]
+    for src in dict.fromkeys(sources):
+        assert _analyze(src) == _analyze_text(src), src

@@ -675,9 +675,23 @@ def _text_only_clean(source: str) -> bool:
 
 @lru_cache(maxsize=4096)
 def _analyze(source: str) -> _Verdict:
-    """Parse + policy check, cached by source text (sources repeat across batches)."""
+    """Parse + policy check, cached by source text (sources repeat across batches) and, for a
+    source that parses, by skeleton: no policy rule looks at a string constant, and a skeleton
+    has the source's very AST but for string constants (same names, attributes, imports and line
+    numbers), so both get the same violations.  A skeleton that does not parse proves nothing
+    (the source's own error message is reported): the source is analysed itself."""
     if len(source) > MAX_SOURCE_CHARS:
         return _Verdict(f"source too large ({len(source)} > {MAX_SOURCE_CHARS} characters)", ())
+    sk = _skeleton(source)
+    if sk is not None:
+        verdict = _analyze_text(sk[0])
+        if verdict.compile_error is None:
+            return verdict
+    return _analyze_text(source)
+
+
+@lru_cache(maxsize=4096)
+def _analyze_text(source: str) -> _Verdict:
     try:
         tree = ast.parse(source, filename=CHECKER_FILENAME, mode="exec")
     except SyntaxError as exc:
