@@ -317,6 +317,16 @@ def test_nondeterministic_checker_by_source(validator, outcomes, code):
     assert any(d.item == "confirmation_sent" for d in cert.diagnostics if d.code == "nondeterministic_checker")
 
 
+def test_nondeterminism_prefilter_agrees_with_the_pattern():
+    """The substring prefilter in front of the nondeterminism regex never changes its answer."""
+    from cowork_pipeline.validation.certify import _NONDETERMINISTIC, _calls_nondeterministic
+
+    texts = STATIC_NONDETERMINISTIC + [COUNTER, "x = now ()", "time\n(", "now\r(", "now\u2003(", "xnow()", "now_()", "ids(",
+                                       "a.id(3)", "datetime(2026, 1, 1)", "s = 'random (x)'", "uuid\t\t(", "hash\x1c("]
+    for text in texts:
+        assert _calls_nondeterministic(text) == (_NONDETERMINISTIC.search(text) is not None), text
+
+
 def test_stateful_checker_cannot_keep_state_in_the_real_sandbox(sb, validator, outcomes):
     # Every call gets fresh module globals, so the mutable-default counter restarts: the checker is
     # deterministic (always True) and is then caught for what it is, a lax checker.

@@ -25,7 +25,18 @@ from cowork_pipeline.validation.grader import Grade, grade_many
 from cowork_pipeline.validation.mutations import OPERATORS, Mutant, executed_program, mutants
 
 VALIDATOR_VERSION = "certify-1"
-_NONDETERMINISTIC = re.compile(r"\b(now|today|utcnow|random|uuid|id|hash|time)\s*\(")
+_NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
+_NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
+
+
+def _calls_nondeterministic(code: str) -> bool:
+    # The regex tries every position (~17 us per checker); most checkers put none of these names
+    # right before a parenthesis once whitespace is squeezed out (what ``\s*`` allows), which a
+    # few substring searches rule out.
+    squeezed = "".join(code.split())
+    if not any(w + "(" in squeezed for w in _NONDETERMINISTIC_NAMES):
+        return False
+    return _NONDETERMINISTIC.search(code) is not None
 
 
 @dataclass
@@ -77,7 +88,7 @@ def structural_diagnostics(spec: EnvironmentSpec) -> list[Diagnostic]:
     if len(set(ids)) != len(ids):
         out.append(Diagnostic("schema_invalid", f"duplicate rubric item ids: {sorted({i for i in ids if ids.count(i) > 1})}"))
     for i in spec.rubric:
-        if _NONDETERMINISTIC.search(i.code):
+        if _calls_nondeterministic(i.code):
             out.append(Diagnostic("nondeterministic_checker", f"checker '{i.id}' calls a time/random/identity function", item=i.id))
     event_records = {
         (coll, str(ev.args.get("id"))) for t in spec.turns for ev in t.events

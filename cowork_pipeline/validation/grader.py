@@ -46,21 +46,26 @@ def grade_many(sandbox: Any, cases: Sequence[tuple[EnvironmentSpec, Trajectory, 
     # validator grades the reference twice): the sandbox then serializes it once, and still hands
     # every call its own copy.
     evidences: dict[tuple[int, int | None], dict[str, Any]] = {}
+    rubrics: dict[int, list[tuple[str, str, int | None]]] = {}  # id(env) -> (source key, item id, item turn)
     for ci, (env, traj, turn) in enumerate(cases):
+        items = rubrics.get(id(env))
+        if items is None:  # the validator grades ~12 trajectories per environment
+            prefix = f"{env.env_id}/{env.generator.attempt}/"
+            items = rubrics[id(env)] = [(prefix + item.id, item.id, item.turn) for item in env.rubric]
+            for (key, _id, _turn), item in zip(items, env.rubric):
+                sources.setdefault(key, item.code)
         # An item that belongs to a turn must hold when that turn ends (later turns may change the
         # same records); other items are judged on the episode as of ``turn`` (the end by default).
         last = len(traj.turn_ends) - 1
-        for item in env.rubric:
-            if turn is not None and item.turn is not None and item.turn > turn:
+        for key, item_id, item_turn in items:
+            if turn is not None and item_turn is not None and item_turn > turn:
                 continue
-            at = item.turn if item.turn is not None and item.turn < last and (turn is None or item.turn < turn) else turn
+            at = item_turn if item_turn is not None and item_turn < last and (turn is None or item_turn < turn) else turn
             ev = evidences.get((id(traj), at))
             if ev is None:
                 ev = evidences[(id(traj), at)] = traj.evidence(at)
-            key = f"{env.env_id}/{env.generator.attempt}/{item.id}"
-            sources.setdefault(key, item.code)
             calls.append((key, ev))
-            index.append((ci, item.id))
+            index.append((ci, item_id))
     results = sandbox.evaluate(sources, calls) if calls else []
     # A timeout or a dead worker can be the machine (a load spike past the wall-clock backstop), not the
     # checker: such calls get one more attempt, so a verdict does not depend on what else the machine did.
