@@ -340,6 +340,27 @@ def test_skeleton_instantiation_equals_compile_for_every_embedded_checker() -> N
     assert None not in compiler.skeletons.values()  # every embedded template is usable
 
 
+def test_skeleton_is_learnt_from_its_second_source() -> None:
+    """A one-off source (an LLM's checker) costs one compile; the second source of a template
+    compiles the skeleton once (checked against the first source's code), later ones none."""
+    from cowork_pipeline.validation.sandbox import _CheckerCompiler, _State
+
+    compiler = _CheckerCompiler(_State())
+    template = "def check(ev):\n    return ev.get(%r) == %r\n"
+    assert not isinstance(compiler.compile(template % ("a", "x")), str)
+    assert (compiler.compiled, compiler.instantiated) == (1, 0)
+    code, _free = compiler.compile(template % ("b", "y"))
+    assert (compiler.compiled, compiler.instantiated) == (2, 1)  # the skeleton, not the source
+    for i in range(5):
+        code, _free = compiler.compile(template % (f"k{i}", "v"))
+        g: dict = {}
+        exec(code, g)
+        assert g["check"]({f"k{i}": "v"}) is True and g["check"]({"k": "v"}) is False
+    assert (compiler.compiled, compiler.instantiated) == (2, 6)
+    assert compiler.compile("def check(ev):\n    return 'a' +\n").startswith("SyntaxError")
+    assert compiler.compile("def check(ev):\n    return 'b' +\n").startswith("SyntaxError")  # nothing learnt from errors
+
+
 def test_skeleton_compiler_rejects_what_it_cannot_read_exactly() -> None:
     from cowork_pipeline.validation.sandbox import _skeleton
 

@@ -269,9 +269,10 @@ def _plain_dumps(obj: Any) -> bytes:
 #   strings.  Sound because the compiler never looks inside such a string except where it
 #   folds or rewrites an expression around it; a skeleton where that can happen (an
 #   operator on a string literal and a constant, ``'...' % x``, implicit concatenation) is
-#   never used, and the first source of every skeleton is also compiled from its text and
-#   must equal the swapped code (bytecode, constants, names, line numbers).  Only column
-#   offsets differ, which nothing reports (errors name the line).
+#   never used, and the first source of every skeleton is compiled from its text and must
+#   equal the swapped code (bytecode, constants, names, line numbers).  Only column offsets
+#   differ, which nothing reports (errors name the line).  A skeleton is compiled when its
+#   second source arrives, so a one-off source costs one compile and a ~20 us scan.
 # --------------------------------------------------------------------------------------
 
 _LITERAL_TOKENS = re.compile(r"""(#[^\n]*|'[^'\n]*'|"[^"\n]*")""")
@@ -371,6 +372,15 @@ def _swap_constant(k: Any, values: Mapping[str, str], swap_code: Any) -> Any:
     return k
 
 
+@dataclass(frozen=True)
+class _FirstSource:
+    """The first source seen of a skeleton: its literal count, strings and compiled code."""
+
+    n_literals: int
+    values: dict[str, str]
+    code: Any
+
+
 class _CheckerCompiler:
     """Source -> (code, mutation_free) or the compile error as a str, by skeleton where it can
     (see "Compiling by skeleton"); keeps the skeletons it has seen (least recently used out)."""
@@ -383,27 +393,36 @@ class _CheckerCompiler:
 
     def compile(self, source: str) -> Any:
         """Instantiate ``source``'s skeleton when it is known and usable (see "Compiling by skeleton"),
-        else compile the text; the first source of a skeleton decides whether the skeleton is usable."""
+        else compile the text.  A skeleton is learnt when its second source arrives (a one-off
+        source, e.g. an LLM's, costs one compile and a scan), against the first source's code."""
         sk = _skeleton(source) if len(source) <= _SKELETON_MAX_CHARS else None
-        if sk is not None:
-            skeleton, n_literals, values = sk
-            known = self.skeletons.pop(skeleton, False)
+        if sk is None:
+            return self._compile_text(source)
+        skeleton, n_literals, values = sk
+        known = self.skeletons.pop(skeleton, False)
+        if known is False or type(known) is _FirstSource:
             if known is False:
-                known, real = self._learn(skeleton, n_literals, values, source)
-                if len(self.skeletons) >= _CODE_CACHE_ENTRIES:
-                    del self.skeletons[next(iter(self.skeletons))]
-                self.skeletons[skeleton] = known
-                if real is not None:
-                    return real
-            else:
-                self.skeletons[skeleton] = known  # most recently used
-                if known is not None:
-                    try:
-                        code = (self._swap_constants(known[0], values), known[1])
-                        self.instantiated += 1
-                        return code
-                    except Exception:  # noqa: BLE001 - e.g. an interpreter that audits replace() differently
-                        self.skeletons[skeleton] = None
+                entry = self._compile_text(source)
+                if not isinstance(entry, str):  # a source that does not compile teaches nothing
+                    self._remember(skeleton, _FirstSource(n_literals, values, entry[0]))
+                return entry
+            known = self._learn(skeleton, known)
+        self._remember(skeleton, known)
+        if known is not None:
+            try:
+                code = (self._swap_constants(known[0], values), known[1])
+                self.instantiated += 1
+                return code
+            except Exception:  # noqa: BLE001 - e.g. an interpreter that audits replace() differently
+                self.skeletons[skeleton] = None
+        return self._compile_text(source)
+
+    def _remember(self, skeleton: str, state: Any) -> None:
+        if len(self.skeletons) >= _CODE_CACHE_ENTRIES:
+            del self.skeletons[next(iter(self.skeletons))]  # least recently used
+        self.skeletons[skeleton] = state
+
+    def _compile_text(self, source: str) -> Any:
         self.compiled += 1
         try:
             compiled = compile(source, CHECKER_FILENAME, "exec", dont_inherit=True)
@@ -413,24 +432,21 @@ class _CheckerCompiler:
             return f"{type(exc).__name__}: {str(exc)[:200] or 'source too complex'}"
         return (compiled, _mutation_free(compiled))
 
-    def _learn(self, skeleton: str, n_literals: int, values: dict[str, str], source: str) -> tuple[Any, Any]:
-        """(skeleton entry or None, ``source``'s (code, mutation_free) or None).  The skeleton is
-        usable when no literal is folded or rewritten and its code with ``source``'s strings
-        swapped in equals ``compile(source)`` (bytecode, constants, names, line numbers: all but columns)."""
+    def _learn(self, skeleton: str, first: "_FirstSource") -> Any:
+        """(code, mutation_free) of ``skeleton`` when it is usable, else None: no literal is folded
+        or rewritten, and its code with the first source's strings swapped in equals that source's
+        own compiled code (bytecode, constants, names, line numbers: all but columns)."""
         try:
             tree = ast.parse(skeleton, filename=CHECKER_FILENAME, mode="exec")
-            if not _skeleton_usable(tree, n_literals, values):
-                return None, None
+            if not _skeleton_usable(tree, first.n_literals, first.values):
+                return None
+            self.compiled += 1
             code = compile(skeleton, CHECKER_FILENAME, "exec", dont_inherit=True)
-            real = compile(source, CHECKER_FILENAME, "exec", dont_inherit=True)
-            self.compiled += 2
-            entry = (code, _mutation_free(code))
-            real_entry = (real, _mutation_free(real))
-            if not self._same_but_columns(self._swap_constants(code, values), real) or entry[1] != real_entry[1]:
-                return None, real_entry
-            return entry, real_entry
-        except Exception:  # noqa: BLE001 - syntax errors etc.: compiled (and reported) from the text
-            return None, None
+            if not self._same_but_columns(self._swap_constants(code, first.values), first.code):
+                return None
+            return (code, _mutation_free(code))
+        except Exception:  # noqa: BLE001 - e.g. a skeleton that does not compile: its sources are compiled from text
+            return None
 
     def _same_but_columns(self, a: Any, b: Any) -> bool:
         """``a == b`` for code objects, nested ones included, except for column offsets."""
