@@ -53,6 +53,7 @@ class Checkpoint:
     initial: Any
     state: Any
     audit: list[dict[str, Any]]
+    touched: dict[str, set[str]]  # ids written since ``initial`` (the workspace's journal)
 
 
 class ScriptedUser:
@@ -230,7 +231,7 @@ def episode(
         turn_ends, turn_snaps = list(resume.turn_ends), list(resume.turn_snaps)
         n_calls = resume.n_calls
         first_turn = resume.turn
-        ws.restore(resume.state)
+        ws.restore(resume.state, touched=resume.touched)
         ws.audit = list(resume.audit)
     turns_completed = first_turn
 
@@ -260,7 +261,8 @@ def episode(
         for step_idx in range(first_step, limits.max_steps_per_turn):
             if checkpoints is not None:
                 checkpoints.append(Checkpoint(turn_idx, step_idx, n_calls, dict(repeats), messages[:], steps[:], replies[:],
-                                              turn_ends[:], turn_snaps[:], initial, ws.snapshot(), ws.audit[:]))
+                                              turn_ends[:], turn_snaps[:], initial, ws.snapshot(), ws.audit[:],
+                                              {c: set(ids) for c, ids in ws.touched.items()}))
             try:
                 msg = _normalize((yield messages, tools))
             except Exception as e:  # a remote endpoint or model failing must not kill the batch
@@ -298,11 +300,13 @@ def episode(
         turns_completed += 1
 
     final = ws.snapshot()
-    diff = diff_states(initial, final)
+    # Every record that differs from ``initial`` was written through the workspace since it was built
+    # or restored (``touched``, carried over by a checkpoint), so the diffs look at those only.
+    diff = diff_states(initial, final, ws.touched)
     # The state at the end of the last turn is usually the final one (records are shared, so the
     # comparison is mostly identity checks): its diff is then the same.
     last = len(turn_snaps) - 1
-    turn_diffs = [diff if i == last and s == final else diff_states(initial, s) for i, s in enumerate(turn_snaps)]
+    turn_diffs = [diff if i == last and s == final else diff_states(initial, s, ws.touched) for i, s in enumerate(turn_snaps)]
     return Trajectory(
         env_id=env.env_id, agent=agent_name, fault_rate=faults.rate, fault_seed=faults.seed,
         messages=messages, steps=steps, turns_completed=turns_completed,

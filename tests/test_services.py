@@ -870,6 +870,32 @@ def test_snapshots_share_unchanged_collections_and_stay_isolated() -> None:
     assert a.table("_meta")["clock"]["minutes"] == frozen1["_meta"]["clock"]["minutes"] + 1  # one write each
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(min_value=0, max_value=len(HAPPY) - 1), min_size=1, max_size=14),
+       st.integers(min_value=0, max_value=13), st.booleans())
+def test_diff_over_touched_records_equals_the_full_diff(calls: list[int], snap_at: int, resume: bool) -> None:
+    """The runner diffs only the records the workspace journalled as written (``touched``); for any
+    sequence of tool calls, snapshot point and restore with a carried-over journal, that diff is
+    the full one."""
+    ws = new_ws()
+    base = ws.snapshot()
+    snaps = []
+    for i, k in enumerate(calls):
+        if i == snap_at:
+            snaps.append(ws.snapshot())
+            if resume:  # as a resumed episode does: restore a checkpoint's state and journal
+                mid, touched = ws.snapshot(), {c: set(ids) for c, ids in ws.touched.items()}
+                ws = Workspace(None)
+                ws.restore(mid, touched=touched)
+        name, args, _ = HAPPY[k]
+        ws.call(name, copy.deepcopy(args), actor=actor_for(name))
+    final = ws.snapshot()
+    for before in [base, *snaps, final]:  # every record that differs between any two of them was journalled
+        for after in [base, *snaps, final]:
+            assert diff_states(before, after, ws.touched) == diff_states(before, after)
+    assert json.dumps(diff_states(base, final, ws.touched)) == json.dumps(diff_states(base, final))  # same order too
+
+
 def test_diff_states_added_removed_changed() -> None:
     ws = new_ws()
     before = ws.snapshot()

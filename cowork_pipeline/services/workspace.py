@@ -81,6 +81,9 @@ class Workspace:
         # workspace, and the first write to a collection after a snapshot or restore copies that
         # index (only this one). ``_owned``: the collections this workspace may write in place.
         self._owned: set[str] = set(self._data)
+        # Ids written per collection since the workspace was built or restored (a superset of what
+        # changed since any snapshot taken since then): lets a diff look at those records only.
+        self.touched: dict[str, set[str]] = {}
         self.audit: list[dict[str, Any]] = []
         self.turn = 0
         self._faults = faults or FaultConfig()
@@ -94,8 +97,14 @@ class Workspace:
         """Read-only view by convention: mutate through insert/update/delete only."""
         return self._data.get(collection, {})
 
-    def _writable(self, collection: str) -> dict[str, Any]:
-        """``collection``'s index, copied first if a snapshot may share it."""
+    def _writable(self, collection: str, record_id: str | None = None) -> dict[str, Any]:
+        """``collection``'s index, copied first if a snapshot may share it; ``record_id``: the
+        record about to be written (journalled in ``touched``)."""
+        if record_id is not None:
+            ids = self.touched.get(collection)
+            if ids is None:
+                ids = self.touched[collection] = set()
+            ids.add(record_id)
         if collection in self._owned:
             return self._data[collection]
         coll = self._data[collection] = dict(self._data.get(collection, {}))
@@ -131,18 +140,18 @@ class Workspace:
         if rid in self._data.get(collection, ()):
             raise ToolError("conflict", f"id '{rid}' already exists in {collection}")
         rec = {"id": rid, **{k: v for k, v in record.items() if k != "id"}}
-        self._writable(collection)[rid] = rec
+        self._writable(collection, rid)[rid] = rec
         return rec
 
     def update(self, collection: str, record_id: str, **changes: Any) -> dict[str, Any]:
         old = self.get(collection, record_id)
         new = {**old, **changes}
-        self._writable(collection)[record_id] = new
+        self._writable(collection, record_id)[record_id] = new
         return new
 
     def delete(self, collection: str, record_id: str) -> dict[str, Any]:
         rec = self.get(collection, record_id)
-        del self._writable(collection)[record_id]
+        del self._writable(collection, record_id)[record_id]
         return rec
 
     # ---- clock -----------------------------------------------------------------------
@@ -218,10 +227,12 @@ class Workspace:
         self._owned.clear()
         return dict(self._data)
 
-    def restore(self, snap: State, faults: FaultConfig | None = None) -> None:
-        """Back to ``snap`` with a fresh audit log (episodes start from a pristine copy)."""
+    def restore(self, snap: State, faults: FaultConfig | None = None, touched: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Back to ``snap`` with a fresh audit log (episodes start from a pristine copy).
+        ``touched``: the ids written between the diff base and ``snap`` (a checkpoint's), if any."""
         self._data = dict(snap)
         self._owned = set()
+        self.touched = {c: set(ids) for c, ids in touched.items()} if touched else {}
         self.audit = []
         self.turn = 0
         self.faults_injected = []
@@ -241,10 +252,43 @@ class Workspace:
         return out
 
 
-def diff_states(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Structural diff: per collection, added / removed records and changed fields ``[old, new]``."""
+_ABSENT: Any = object()
+
+
+def diff_states(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]],
+                touched: Mapping[str, Iterable[str]] | None = None) -> dict[str, Any]:
+    """Structural diff: per collection, added / removed records and changed fields ``[old, new]``.
+
+    ``touched``: per collection, ids that include every record that differs (a workspace's
+    ``touched`` since ``before`` was taken); only those are compared. Same result, without a
+    pass over every record of every changed collection."""
     out: dict[str, Any] = {}
     empty: Mapping[str, Any] = {}
+    if touched is not None:
+        for coll in sorted(touched):
+            b, a = before.get(coll, empty), after.get(coll, empty)
+            if coll == META or b is a:
+                continue
+            added: dict[str, Any] = {}
+            removed: dict[str, Any] = {}
+            changed: dict[str, Any] = {}
+            for k in touched[coll]:
+                ra, rb = a.get(k, _ABSENT), b.get(k, _ABSENT)
+                if ra is rb:
+                    continue
+                if rb is _ABSENT:
+                    added[k] = ra
+                elif ra is _ABSENT:
+                    removed[k] = rb
+                elif ra != rb:
+                    changed[k] = {f: [rb.get(f), ra.get(f)] for f in sorted(ra.keys() | rb.keys()) if ra.get(f) != rb.get(f)}
+            if added or removed or changed:
+                out[coll] = {
+                    "added": dict(sorted(added.items())),
+                    "removed": dict(sorted(removed.items())),
+                    "changed": dict(sorted(changed.items())),
+                }
+        return out
     for coll in sorted(before.keys() | after.keys()):
         if coll == META:
             continue
