@@ -365,7 +365,7 @@ def test_skeleton_compiler_rejects_what_it_cannot_read_exactly() -> None:
     from cowork_pipeline.validation.sandbox import _skeleton
 
     for src in ["x = f'a'", "x = r'a'", "x = b'a'", "x = 'a\\tb'", "x = '''a'''", 'x = """a"""', "x = 1", "# 'a'",
-                "x = 'a' \\\n  'b'", "from __future__ import annotations\nx: 'a' = 'b'"]:
+                "x = 'a' \\\n  'b'", "from __future__ import annotations\nx: 'a' = 'b'", "x = 'a'\r'b'", "# c\rx = 'a'"]:
         assert _skeleton(src) is None, src
     skel, n, values = _skeleton("x = {'a': \"a\", 'b': ''}  # 'c'\n")
     assert skel == "x = {'00': \"00\", '01': ''}  # 'c'\n" and n == 4 and values == {"00": "a", "01": "b"}

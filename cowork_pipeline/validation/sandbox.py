@@ -298,8 +298,9 @@ def _placeholder(k: int) -> str:
 def _skeleton(source: str) -> tuple[str, int, dict[str, str]] | None:
     """(skeleton, number of string literals, placeholder -> value) of ``source``, or None when it
     has no string literal or one this scanner does not read exactly as Python does (escapes,
-    line continuations, triple quotes, prefixes such as f/r/b)."""
-    if "\\" in source or "'''" in source or '"""' in source or "\x00" in source or "__future__" in source:
+    line continuations, triple quotes, prefixes such as f/r/b, a carriage return: a line end to
+    Python but not to this scanner)."""
+    if "\\" in source or "'''" in source or '"""' in source or "\x00" in source or "\r" in source or "__future__" in source:
         return None
     parts = _LITERAL_TOKENS.split(source)
     if len(parts) == 1:
@@ -513,6 +514,14 @@ REMAINING_RISKS: tuple[str, ...] = (
     "one call's write is undone by a later call of the same batch (the calls in "
     "between would have seen it).  With copy_arguments=False every call shares "
     "and only the tripwire stands.",
+    "Sources instantiated from a checker skeleton run code compiled from the "
+    "skeleton (the scanner gives up on anything it does not read exactly as Python "
+    "does, and a skeleton is used only after one of its sources compiled to the "
+    "same code); to swap in their strings the worker itself creates code objects, "
+    "which the audit hook allows only outside strict mode and only for the bytecode "
+    "being instantiated at that moment.  A finalizer of a checker object running in "
+    "that window would need a reference to that very code object (which the static "
+    "policy and the runtime introspection rules keep out of reach) to do the same.",
 )
 
 
