@@ -24,7 +24,7 @@ class ProgramError(Exception):
 
 def resolve(value: Any, env: dict[str, Any]) -> Any:
     if isinstance(value, dict):
-        if set(value) == {"$var"}:
+        if len(value) == 1 and "$var" in value:
             name = value["$var"]
             if name not in env:
                 raise ProgramError(f"unbound variable '{name}'")
