@@ -388,7 +388,8 @@ class _CheckerCompiler:
 
     def __init__(self, st: Any) -> None:
         self.st = st  # the worker's audit-hook state (``recode``)
-        self.skeletons: dict[str, Any] = {}  # skeleton -> (code, mutation_free), or None: compile such sources
+        # skeleton -> _FirstSource (seen once), (code, mutation_free) (usable) or None (compile such sources)
+        self.skeletons: dict[str, Any] = {}
         self.compiled = 0  # compile() calls on text (reset per batch by the worker)
         self.instantiated = 0  # sources made from a known skeleton
 
