@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cowork_pipeline.validation.sandbox import (
     ERROR_CODES,
@@ -815,3 +817,59 @@ def test_policy_verdict_by_skeleton_equals_the_sources_own() -> None:
                 "def check(ev):\n    return 'a' 'b' + eval('1')\n", "def check(ev):\n    return 'unclosed\n"]
     for src in dict.fromkeys(sources):
         assert _analyze(src) == _analyze_text(src), src
+
+
+_SKELETON_EXPRESSIONS = [
+    "{a} + x", "x + {a}", "x == {a}", "{a} in y", "{{{a}: 1, {b}: 2}}", "[{a}, {b}, {a}]", "{a}[0:2]", "{a}[1:]",
+    "{a} + {b}", "{a} {b}", "{a} * 2", "{a} % ()", "len({a})", "{a}.upper()", "sorted({{{a}, {b}}})", "({a}, {b}) + ({a},)",
+    "(not {a})", "{a} if x else {b}", "f(key={a})", "{a}.join([x, {b}])", "y.get({a}, {b})", "x.startswith(({a}, {b}))",
+]
+_LITERAL_TEXT = st.text(st.characters(blacklist_characters="\n\r\\\x00", blacklist_categories=("Cs",)), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_SKELETON_EXPRESSIONS), min_size=1, max_size=4),
+       st.lists(st.tuples(_LITERAL_TEXT, _LITERAL_TEXT, st.sampled_from(["'", '"'])), min_size=3, max_size=3))
+def test_skeleton_instances_behave_as_their_own_compile(expressions: list[str], fills: list[tuple[str, str, str]]) -> None:
+    """Property: sources of one template filled with arbitrary strings (quotes, '#', non-ASCII, digits that look like
+    placeholders, equal or different values) compile, through the skeleton compiler, to code equal to their own
+    compile() but for columns, and return the same value."""
+    from cowork_pipeline.validation.sandbox import CHECKER_FILENAME, _CheckerCompiler, _State
+
+    compiler = _CheckerCompiler(_State())
+    ev = {"x": "a#b", "y": {"k": "v", "": "e"}}
+    for a, b, q in fills:
+        if q in a or q in b:
+            continue
+        lit_a, lit_b = q + a + q, q + b + q
+        body = ", ".join(e.format(a=lit_a, b=lit_b) for e in expressions)
+        src = ("def f(key=''):\n    return key\n\ndef check(ev):\n    x = ev['x']  # a 'comment' with \"quotes\"\n"
+               f"    y = ev['y']\n    return [{body}]\n")
+        try:
+            real = compile(src, CHECKER_FILENAME, "exec", dont_inherit=True)
+        except SyntaxError:
+            assert isinstance(compiler.compile(src), str)
+            continue
+        code, _free = compiler.compile(src)
+        assert compiler._same_but_columns(code, real), src
+        results = []
+        for c in (code, real):
+            g: dict = {}
+            exec(c, g)
+            try:
+                results.append(("ok", g["check"](ev)))
+            except Exception as exc:  # noqa: BLE001 - e.g. '%' on a literal with a format spec
+                results.append(("error", type(exc).__name__))
+        assert results[0] == results[1], src
+    _SKELETON_PROPERTY_STATS["instantiated"] += compiler.instantiated
+    _SKELETON_PROPERTY_STATS["examples"] += 1
+
+
+_SKELETON_PROPERTY_STATS = {"instantiated": 0, "examples": 0}
+
+
+def test_skeleton_property_exercised_instantiation() -> None:
+    """The property above is only worth something if many of its sources came from a skeleton."""
+    _SKELETON_PROPERTY_STATS.update(instantiated=0, examples=0)
+    test_skeleton_instances_behave_as_their_own_compile()
+    assert _SKELETON_PROPERTY_STATS["instantiated"] >= _SKELETON_PROPERTY_STATS["examples"] // 2, _SKELETON_PROPERTY_STATS
