@@ -264,48 +264,24 @@ def diff_states(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Map
     pass over every record of every changed collection."""
     out: dict[str, Any] = {}
     empty: Mapping[str, Any] = {}
-    if touched is not None:
-        for coll in sorted(touched):
-            b, a = before.get(coll, empty), after.get(coll, empty)
-            if coll == META or b is a:
-                continue
-            added: dict[str, Any] = {}
-            removed: dict[str, Any] = {}
-            changed: dict[str, Any] = {}
-            for k in touched[coll]:
-                ra, rb = a.get(k, _ABSENT), b.get(k, _ABSENT)
-                if ra is rb:
-                    continue
-                if rb is _ABSENT:
-                    added[k] = ra
-                elif ra is _ABSENT:
-                    removed[k] = rb
-                elif ra != rb:
-                    changed[k] = {f: [rb.get(f), ra.get(f)] for f in sorted(ra.keys() | rb.keys()) if ra.get(f) != rb.get(f)}
-            if added or removed or changed:
-                out[coll] = {
-                    "added": dict(sorted(added.items())),
-                    "removed": dict(sorted(removed.items())),
-                    "changed": dict(sorted(changed.items())),
-                }
-        return out
-    for coll in sorted(before.keys() | after.keys()):
-        if coll == META:
-            continue
+    for coll in sorted(touched if touched is not None else before.keys() | after.keys()):
         b, a = before.get(coll, empty), after.get(coll, empty)
-        if b is a or b == a:  # unchanged (records are shared between snapshots: mostly identity compares, in C)
+        # unchanged: records and collections are shared between snapshots (identity compares, in C)
+        if coll == META or b is a or (touched is None and b == a):
             continue
         added: dict[str, Any] = {}
+        removed: dict[str, Any] = {}
         changed: dict[str, Any] = {}
-        for k, ra in a.items():
-            if k not in b:
+        for k in touched[coll] if touched is not None else a.keys() | b.keys():
+            ra, rb = a.get(k, _ABSENT), b.get(k, _ABSENT)
+            if ra is rb:
+                continue
+            if rb is _ABSENT:
                 added[k] = ra
-                continue
-            rb = b[k]
-            if ra is rb or ra == rb:
-                continue
-            changed[k] = {f: [rb.get(f), ra.get(f)] for f in sorted(ra.keys() | rb.keys()) if ra.get(f) != rb.get(f)}
-        removed = {k: rb for k, rb in b.items() if k not in a} if len(b) + len(added) != len(a) else {}
+            elif ra is _ABSENT:
+                removed[k] = rb
+            elif ra != rb:
+                changed[k] = {f: [rb.get(f), ra.get(f)] for f in sorted(ra.keys() | rb.keys()) if ra.get(f) != rb.get(f)}
         if added or removed or changed:
             out[coll] = {
                 "added": dict(sorted(added.items())),
