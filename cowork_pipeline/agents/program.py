@@ -59,11 +59,10 @@ class ProgramAgent:
         self.max_retries = max_retries
         # Resume the replay where the last call stopped when the runner hands us the same,
         # grown conversation list (the common case), instead of re-reading it every step.
-        self._memo: tuple[Any, int, tuple[int, int, dict[str, Any], int, str]] | None = None
-        self._count_memo: tuple[Any, int, int] | None = None
+        self._memo: tuple[Any, int, tuple[int, int, dict[str, Any], int, str, int]] | None = None
 
     def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> Message:
-        turn, pos, env, retries, last_error = self._position(messages)
+        turn, pos, env, retries, last_error, n_calls = self._position(messages)
         if turn >= len(self.program):
             return assistant_message("I have nothing more to do for this request.")
         steps = self.program[turn].steps
@@ -76,31 +75,23 @@ class ProgramAgent:
             args = resolve(step.args, env)
         except ProgramError as e:
             return assistant_message(f"I could not complete the request: {e}")
-        n_calls = self._calls_so_far(messages)
         call = {"id": f"call_{n_calls}", "type": "function", "function": {"name": step.tool, "arguments": _ARGS_JSON.encode(args)}}
         return {"role": "assistant", "content": None, "tool_calls": [call]}  # = assistant_message(None, [tool_call(...)])
 
-    def _calls_so_far(self, messages: Sequence[Message]) -> int:
-        """Tool calls the assistant has made in ``messages`` (resumed, like the replay, on the same grown list)."""
-        memo = self._count_memo
-        start, n = (memo[1], memo[2]) if memo is not None and memo[0] is messages and memo[1] <= len(messages) else (0, 0)
-        for m in messages[start:]:
-            if m.get("role") == "assistant":
-                n += len(m.get("tool_calls") or [])
-        self._count_memo = (messages, len(messages), n)
-        return n
-
-    def _position(self, messages: Sequence[Message]) -> tuple[int, int, dict[str, Any], int, str]:
-        """Replay the conversation: current turn, next step index, bound variables, retries of that step."""
+    def _position(self, messages: Sequence[Message]) -> tuple[int, int, dict[str, Any], int, str, int]:
+        """Replay the conversation: current turn, next step index, bound variables, retries of that
+        step, tool calls the assistant has made so far."""
         memo = self._memo
         if memo is not None and memo[0] is messages and memo[1] <= len(messages):
-            start, (turn, pos, env, retries, last_error) = memo[1], memo[2]
-            env = dict(env)
+            start, (turn, pos, env, retries, last_error, n_calls) = memo[1], memo[2]
         else:
-            start, turn, pos, retries, env, last_error = 0, -1, 0, 0, {}, ""
+            start, turn, pos, retries, env, last_error, n_calls = 0, -1, 0, 0, {}, "", 0
+        copied = False  # the memo's bindings are copied before the first new one (they were returned)
         for m in messages[start:]:
             role = m.get("role")
-            if role == "user":
+            if role == "assistant":
+                n_calls += len(m.get("tool_calls") or ())
+            elif role == "user":
                 turn, pos, retries = turn + 1, 0, 0
             elif role == "tool" and 0 <= turn < len(self.program):
                 steps = self.program[turn].steps
@@ -122,12 +113,14 @@ class ProgramAgent:
                     last_error = err.get("message", "")
                     continue
                 step: Step = steps[pos]
-                if err is None:
+                if err is None and step.bind:
+                    if not copied:
+                        env, copied = dict(env), True
                     for name, path in step.bind.items():
                         try:
                             env[name] = extract(payload, path)
                         except ProgramError:
                             pass  # left unbound: a later use reports it
                 pos, retries = pos + 1, 0
-        self._memo = (messages, len(messages), (turn, pos, env, retries, last_error))
-        return max(turn, 0), pos, env, retries, last_error
+        self._memo = (messages, len(messages), (turn, pos, env, retries, last_error, n_calls))
+        return max(turn, 0), pos, env, retries, last_error, n_calls
