@@ -390,6 +390,7 @@ class _CheckerCompiler:
         self.st = st  # the worker's audit-hook state (``recode``)
         # skeleton -> _FirstSource (seen once), (code, mutation_free) (usable) or None (compile such sources)
         self.skeletons: dict[str, Any] = {}
+        self.skeleton_chars = 0  # total length of the keys (bounded like the worker's code cache)
         self.compiled = 0  # compile() calls on text (reset per batch by the worker)
         self.instantiated = 0  # sources made from a known skeleton
 
@@ -402,6 +403,8 @@ class _CheckerCompiler:
             return self._compile_text(source)
         skeleton, n_literals, values = sk
         known = self.skeletons.pop(skeleton, False)
+        if known is not False:
+            self.skeleton_chars -= len(skeleton)
         if known is False or type(known) is _FirstSource:
             if known is False:
                 entry = self._compile_text(source)
@@ -420,8 +423,12 @@ class _CheckerCompiler:
         return self._compile_text(source)
 
     def _remember(self, skeleton: str, state: Any) -> None:
-        if len(self.skeletons) >= _CODE_CACHE_ENTRIES:
-            del self.skeletons[next(iter(self.skeletons))]  # least recently used
+        """(Re)insert ``skeleton`` last (most recently used; the caller popped it if it was known)."""
+        self.skeleton_chars += len(skeleton)
+        while self.skeletons and (len(self.skeletons) >= _CODE_CACHE_ENTRIES or self.skeleton_chars > _CODE_CACHE_CHARS):
+            oldest = next(iter(self.skeletons))  # least recently used
+            del self.skeletons[oldest]
+            self.skeleton_chars -= len(oldest)
         self.skeletons[skeleton] = state
 
     def _compile_text(self, source: str) -> Any:
