@@ -84,9 +84,10 @@ class ProgramAgent:
         memo = self._memo
         if memo is not None and memo[0] is messages and memo[1] <= len(messages):
             start, (turn, pos, env, retries, last_error, n_calls) = memo[1], memo[2]
+            copied = False  # the memo's bindings were returned: copied before the first new one
         else:
             start, turn, pos, retries, env, last_error, n_calls = 0, -1, 0, 0, {}, "", 0
-        copied = False  # the memo's bindings are copied before the first new one (they were returned)
+            copied = True
         for m in messages[start:]:
             role = m.get("role")
             if role == "assistant":
