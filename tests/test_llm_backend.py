@@ -6,8 +6,9 @@ import importlib
 import importlib.util
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from hypothesis import given, settings
@@ -80,6 +81,10 @@ class ScriptedLLM:
 
     def __init__(self) -> None:
         self.responses: list[tuple[int, bytes, dict[str, str]]] = []
+        # Instead of the scripted order: a response computed from the request body (concurrent clients).
+        self.responder: Callable[[dict[str, Any]], tuple[int, bytes, dict[str, str]]] | None = None
+        self.delay_s = 0.0  # each response waits this long, so concurrent requests overlap
+        self.in_flight = self.max_in_flight = 0
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         script = self
@@ -87,10 +92,21 @@ class ScriptedLLM:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.loads(raw)
                 with script.lock:
                     script.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                            "body": json.loads(raw)})
-                    status, payload, headers = script.responses.pop(0) if script.responses else error(500, "script exhausted")
+                                            "body": body})
+                    script.in_flight += 1
+                    script.max_in_flight = max(script.max_in_flight, script.in_flight)
+                    if script.responder is None:
+                        status, payload, headers = script.responses.pop(0) if script.responses else error(500, "script exhausted")
+                try:
+                    if script.responder is not None:
+                        status, payload, headers = script.responder(body)
+                    time.sleep(script.delay_s)
+                finally:
+                    with script.lock:
+                        script.in_flight -= 1
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -290,6 +306,33 @@ def test_repair_loop_end_to_end(llm, cap, good_doc, validator):
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["llm_tokens"] == 1500 for r in rows)
 
 
+def test_repair_loop_keeps_requests_in_flight_with_the_same_outcomes(llm, cap, good_doc, validator):
+    """A backend's ``concurrency`` requests are in flight at once; outcomes, attempts and their order
+    are the same as one request at a time."""
+    def respond(body: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
+        revising = len(body["messages"]) > 2
+        if body["seed"] % 2 == 0 and not revising:  # even seeds: prose first, then a good document
+            return completion("I would build a CRM world with an invoice email.")
+        return completion(json.dumps(good_doc))
+
+    def view(outcomes: list[Any]) -> list[Any]:
+        return [(o.seed, o.accepted, [(a.draft.draft_id, a.draft.spec.content_hash() if a.draft.spec else None,
+                                       sorted(d.code for d in a.certification.diagnostics)) for a in o.attempts]) for o in outcomes]
+
+    seeds = [0, 1, 2, 3, 4, 5]
+    llm.responder, llm.delay_s = respond, 0.2
+    together = synthesize(llm.backend(concurrency=3), validator, cap, seeds, max_rounds=2)
+    assert 2 <= llm.max_in_flight <= 3, llm.max_in_flight
+    assert len(llm.requests) == 9  # 6 drafts + 3 revisions
+    llm.requests.clear()
+    llm.max_in_flight, llm.delay_s = 0, 0.0
+    alone = synthesize(llm.backend(concurrency=1), validator, cap, seeds, max_rounds=2)
+    assert llm.max_in_flight == 1 and len(llm.requests) == 9
+    assert view(together) == view(alone)
+    assert [o.seed for o in together] == seeds and [o.rounds for o in together] == [1, 0, 1, 0, 1, 0]
+    assert all(o.accepted for o in together)
+
+
 # ---- 4. versioned prompts -----------------------------------------------------------------
 def test_prompts_are_versioned_and_hashed(llm, cap, good_doc):
     llm.script(completion(json.dumps(lax_doc(good_doc))), completion(json.dumps(good_doc)))
@@ -328,9 +371,17 @@ def test_extract_json_object_respects_strings():
         extract_json_object("   ")
 
 
-def test_bad_base_url_is_a_diagnostic(cap):
-    d = LLMBackend("notaurl", MODEL).draft(cap, 3)
+def test_bad_base_url_fails_fast_and_unreachable_endpoint_is_a_diagnostic(cap):
+    # A URL that can never work is a configuration error, raised before any draft...
+    for bad in ("notaurl", "127.0.0.1:8000/v1", "ftp://127.0.0.1/v1", "http:///v1"):
+        with pytest.raises(ValueError, match="must be an http"):
+            LLMBackend(bad, MODEL)
+    with pytest.raises(ValueError, match="concurrency"):
+        LLMBackend("http://127.0.0.1:1/v1", MODEL, concurrency=0)
+    # ...while an endpoint that does not answer fails each draft with a diagnostic, never a crash.
+    d = LLMBackend("http://127.0.0.1:1/v1", MODEL, max_retries=0, timeout_s=2).draft(cap, 3)
     assert d.spec is None and d.parse_diagnostics[0].code == "generator_error"
+    assert "refused" in d.parse_diagnostics[0].message.lower(), d.parse_diagnostics
 
 
 @settings(max_examples=60, deadline=None)
@@ -340,3 +391,4 @@ def test_bad_base_url_is_a_diagnostic(cap):
     before=st.text(alphabet=st.characters(blacklist_characters="{"), max_size=30), after=st.text(max_size=30))
 def test_extract_finds_the_document_in_any_prose(doc, before, after):
     assert extract_json_object(before + json.dumps(doc) + after) == doc
+

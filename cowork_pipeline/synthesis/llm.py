@@ -345,9 +345,15 @@ class LLMBackend:
     version = BACKEND_VERSION
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, temperature: float = 0.2,
-                 timeout_s: float = 60, max_retries: int = 2, prompt_version: str = "v1", *,
+                 timeout_s: float = 120, max_retries: int = 2, prompt_version: str = "v1", *,
                  backoff_s: float = 1.0, max_backoff_s: float = 20.0, max_tokens: int | None = None,
-                 json_mode: bool = True):
+                 json_mode: bool = True, concurrency: int = 8):
+        if int(concurrency) < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            # Fail here, not as one generator_error per draft after every retry.
+            raise ValueError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url + "/chat/completions"
         self.model = model
@@ -360,6 +366,9 @@ class LLMBackend:
         self.max_tokens = max_tokens
         self.json_mode = json_mode
         self.prompt_version = prompt_version
+        # Requests in flight at once when the repair loop drafts or revises many environments; every
+        # call is independent (no state is written after construction), so threads may share this object.
+        self.concurrency = int(concurrency)
         self.generate_template = load_template(f"generate_{prompt_version}")  # fail fast on an unknown version
         self.revise_template = load_template(f"revise_{prompt_version}")
         # Loopback endpoints bypass any HTTP(S)_PROXY of the environment.

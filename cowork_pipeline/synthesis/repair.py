@@ -8,8 +8,10 @@ surviving environment) is computed from data, not estimated.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 from cowork_pipeline.capabilities import Capability
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft, GeneratorBackend
@@ -56,15 +58,18 @@ class Outcome:
 
 def synthesize(backend: GeneratorBackend, validator: Validator, capability: Capability, seeds: Sequence[int],
                max_rounds: int = 3, batch: int = 64) -> list[Outcome]:
-    """Draft one environment per seed and repair each up to ``max_rounds`` times."""
+    """Draft one environment per seed and repair each up to ``max_rounds`` times.
+
+    A backend with ``concurrency`` > 1 (a remote model: its latency dominates) gets that many draft or
+    revise requests in flight at once; outcomes and attempts are the same, in the same order, either way."""
     outcomes = [Outcome(capability.id, s) for s in seeds]
-    pending: list[tuple[Outcome, Draft]] = []
-    for o in outcomes:
-        pending.append((o, _safe(lambda: backend.draft(capability, o.seed), capability, o.seed, backend)))
+    drafts = _call_all(backend, [partial(_safe, partial(backend.draft, capability, o.seed), capability, o.seed, backend)
+                                 for o in outcomes])
+    pending = list(zip(outcomes, drafts))
     for round_ in range(max_rounds + 1):
         if not pending:
             break
-        nxt: list[tuple[Outcome, Draft]] = []
+        failed: list[tuple[Outcome, Draft, Certification]] = []
         for i in range(0, len(pending), batch):
             chunk = pending[i:i + batch]
             t0 = time.perf_counter()
@@ -73,9 +78,20 @@ def synthesize(backend: GeneratorBackend, validator: Validator, capability: Capa
             for (o, d), c in zip(chunk, certs):
                 o.attempts.append(Attempt(d, c, per + d.cost.get("seconds", 0.0)))
                 if not c.certified and round_ < max_rounds:
-                    nxt.append((o, _safe(lambda: backend.revise(d, c.diagnostics), capability, o.seed, backend, d.attempt + 1)))
-        pending = nxt
+                    failed.append((o, d, c))
+        revised = _call_all(backend, [partial(_safe, partial(backend.revise, d, c.diagnostics), capability, o.seed, backend,
+                                              d.attempt + 1) for o, d, c in failed])
+        pending = [(o, r) for (o, _, _), r in zip(failed, revised)]
     return outcomes
+
+
+def _call_all(backend: GeneratorBackend, calls: Sequence[Callable[[], Draft]]) -> list[Draft]:
+    """Every call's draft, in order; up to ``backend.concurrency`` calls at once (default 1: in this thread)."""
+    n = int(getattr(backend, "concurrency", 1) or 1)
+    if n <= 1 or len(calls) <= 1:
+        return [c() for c in calls]
+    with ThreadPoolExecutor(max_workers=min(n, len(calls)), thread_name_prefix="generator") as pool:
+        return list(pool.map(lambda c: c(), calls))
 
 
 def _safe(fn: Any, capability: Capability, seed: int, backend: GeneratorBackend, attempt: int = 0) -> Draft:
