@@ -13,22 +13,48 @@ def _home(args: argparse.Namespace) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from assets.run import ensure_home, run_all
-    from resources import SMOKE_PROFILE, LakeResource, ProfileResource
+    from cowork_pipeline.capabilities import CapabilityError
+    from resources import SMOKE_PROFILE, GeneratorResource, LakeResource, ProfileResource
 
     home = _home(args)
     os.environ.setdefault("COWORK_HOME", str(home))
-    instance = ensure_home(home / "dagster_home")
     overrides = dict(SMOKE_PROFILE) if args.profile == "smoke" else {"name": args.profile}
     if args.envs_per_capability:
         overrides["envs_per_capability"] = args.envs_per_capability
-    profile = ProfileResource(**overrides)
-    lake = LakeResource(root=args.lake or str(home / "lake"))
-    t0 = time.perf_counter()
-    timings = run_all(profile, lake, instance, capabilities=args.capabilities.split(",") if args.capabilities else None)
+    if args.repair_rounds is not None:
+        overrides["max_repair_rounds"] = args.repair_rounds
+    if args.catalog:
+        overrides["catalog_dir"] = str(Path(args.catalog).absolute())
+    try:
+        generator = GeneratorResource(backend=args.generator, base_url=args.base_url or "", model=args.model or "",
+                                      api_key_env=args.api_key_env, concurrency=args.concurrency)
+        generator.build()  # a bad URL or option fails here, before anything runs
+        profile = ProfileResource(**overrides)
+        lake = LakeResource(root=args.lake or str(home / "lake"))
+        instance = ensure_home(home / "dagster_home")
+        t0 = time.perf_counter()
+        timings = run_all(profile, lake, instance, capabilities=args.capabilities.split(",") if args.capabilities else None,
+                          generator=generator, until=args.until)
+    except (CapabilityError, ValueError) as e:
+        print(f"cowork run: {e}", file=sys.stderr)
+        return 2
     from assets.summary import print_summary
 
-    print_summary(lake.lake(), timings, time.perf_counter() - t0)
+    print_summary(lake.lake(), timings, time.perf_counter() - t0, until=args.until)
     return 0
+
+
+def _check_run_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if getattr(args, "cmd", None) != "run":
+        return
+    if args.generator == "llm" and not (args.base_url and args.model):
+        p.error("--generator llm needs --base-url and --model")
+    if args.generator == "embedded" and (args.base_url or args.model):
+        p.error("--base-url and --model are for --generator llm (the embedded generator is offline)")
+    for flag, value, least in (("--repair-rounds", args.repair_rounds, 0), ("--concurrency", args.concurrency, 1),
+                               ("--envs-per-capability", args.envs_per_capability, 0)):
+        if value is not None and value < least:
+            p.error(f"{flag} must be at least {least}, got {value}")
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -58,7 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", default="default", choices=["default", "smoke"])
     r.add_argument("--lake", help="lake root: a folder or an object-store URI (default: <home>/lake)")
     r.add_argument("--capabilities", help="comma-separated capability ids (default: all)")
-    r.add_argument("--envs-per-capability", type=int, default=0)
+    r.add_argument("--envs-per-capability", type=int, default=0, help="seeds drafted per capability (default: the profile's)")
+    r.add_argument("--catalog", help="folder of capability YAML files (default: the catalog shipped with the package)")
+    r.add_argument("--repair-rounds", type=int, help="revisions of a failing draft before it is rejected (default 3)")
+    from assets.order import RUN_ORDER
+
+    r.add_argument("--until", choices=RUN_ORDER, metavar="ASSET",
+                   help="stop after this asset, e.g. validated_environments to synthesize only (default: through benchmark_scores)")
+    g = r.add_argument_group("generator backend")
+    g.add_argument("--generator", choices=["embedded", "llm"], default="embedded",
+                   help="embedded: offline and seeded (default); llm: any OpenAI-compatible chat-completions endpoint")
+    g.add_argument("--base-url", help="the endpoint's base URL, e.g. http://127.0.0.1:8000/v1 (--generator llm)")
+    g.add_argument("--model", help="model name sent with every request (--generator llm)")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="environment variable holding the API key (default OPENAI_API_KEY; unset: no Authorization header)")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (--generator llm; default 8)")
     r.set_defaults(fn=cmd_run)
     u = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")
     u.add_argument("--port", type=int, default=3000)
@@ -72,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     register_lineage(sub)
     args = p.parse_args(argv)
+    _check_run_args(p, args)
     return args.fn(args)
 
 

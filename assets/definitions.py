@@ -10,8 +10,9 @@ ALL_ASSETS = [synthesis.capability_specs, synthesis.synthesized_environments, sy
               models.teacher_trajectories, models.demonstrations, models.sft_checkpoint, rl.rl_training, evaluation.benchmark_scores]
 
 
-def resources(profile: ProfileResource | None = None, lake: LakeResource | None = None) -> dict:
-    return {"lake": lake or LakeResource(), "profile": profile or ProfileResource(), "generator": GeneratorResource(),
+def resources(profile: ProfileResource | None = None, lake: LakeResource | None = None,
+              generator: GeneratorResource | None = None) -> dict:
+    return {"lake": lake or LakeResource(), "profile": profile or ProfileResource(), "generator": generator or GeneratorResource(),
             "compute": ComputeResource()}
 
 

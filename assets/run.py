@@ -7,7 +7,9 @@ from typing import Callable
 import dagster as dg
 
 from assets.definitions import ALL_ASSETS, resources
-from resources import LakeResource, ProfileResource
+from assets.order import DOWNSTREAM, RUN_ORDER, SYNTHESIS
+from cowork_pipeline.capabilities import CapabilityError, load_catalog
+from resources import GeneratorResource, LakeResource, ProfileResource
 
 DAGSTER_YAML = """\
 telemetry:
@@ -36,19 +38,27 @@ def ensure_home(home: str | os.PathLike) -> dg.DagsterInstance:
     return instance
 
 
-# Unpartitioned assets after synthesis, in dependency order (one run each, for progress output).
-DOWNSTREAM = (("environment_splits",), ("teacher_trajectories",), ("demonstrations",), ("sft_checkpoint", "checkpoints"),
-              ("rl_rollouts", "rl_checkpoints"), ("benchmark_scores",))
-
-
 def _asset_keys(names: list[str]) -> list[dg.AssetKey]:
     return [dg.AssetKey(n) for n in names]
 
 
 def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterInstance,
-            log: Callable[[str], None] = print, capabilities: list[str] | None = None) -> dict:
-    """capability_specs -> every capability partition -> everything downstream. Returns per-step timings."""
-    res = resources(profile, lake)
+            log: Callable[[str], None] = print, capabilities: list[str] | None = None,
+            generator: GeneratorResource | None = None, until: str | None = None) -> dict:
+    """capability_specs -> every capability partition -> everything downstream (through ``until``, an asset
+    of ``RUN_ORDER``; default: all). Returns per-step timings."""
+    if until is not None and until not in RUN_ORDER:
+        raise ValueError(f"unknown asset {until!r} to stop after (one of: {', '.join(RUN_ORDER)})")
+    last = RUN_ORDER.index(until) if until is not None else len(RUN_ORDER) - 1
+    # The partitions of this catalog, not every one the instance has seen (an earlier run may have used
+    # another catalog folder). A bad file or an unknown id stops here, before anything runs.
+    caps = sorted(load_catalog(profile.catalog_dir or None))
+    if capabilities:
+        unknown = sorted(set(capabilities) - set(caps))
+        if unknown:
+            raise CapabilityError(f"unknown capabilities {', '.join(unknown)} (the catalog has: {', '.join(caps)})")
+        caps = [c for c in caps if c in capabilities]
+    res = resources(profile, lake, generator)
     timings: dict[str, float] = {}
 
     def step(label: str, selection: list[str], partition: str | None = None) -> None:
@@ -68,14 +78,14 @@ def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterIn
                     log(f"    {ev.message}")
             raise SystemExit(f"step '{label}' failed; see the run {result.run_id} in `cowork ui`")
 
-    log(f"cowork run: profile '{profile.name}', lake {lake.root}")
+    log(f"cowork run: profile '{profile.name}', lake {lake.root}" + (f", until {until}" if until else ""))
     step("capability_specs", ["capability_specs"])
-    caps = sorted(instance.get_dynamic_partitions("capability"))
-    if capabilities:
-        caps = [c for c in caps if c in capabilities]
+    if last == 0:
+        return timings
     for cap in caps:
-        step(f"synthesize[{cap}]", ["environment_drafts", "repair_log", "validated_environments", "rejected_environments",
-                                     "repair_telemetry"], partition=cap)
+        step(f"synthesize[{cap}]", list(SYNTHESIS), partition=cap)
     for names in DOWNSTREAM:
+        if RUN_ORDER.index(names[0]) > last:
+            break
         step(" + ".join(names), list(names))
     return timings

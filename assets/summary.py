@@ -2,27 +2,34 @@
 from cowork_pipeline.lake import Lake, LakeError
 
 
-def print_summary(lake: Lake, timings: dict, total: float) -> None:
+def print_summary(lake: Lake, timings: dict, total: float, until: str | None = None) -> None:
+    """The lake's promoted tables; with ``until``, only those the run reached (later ones may be older)."""
+    from assets.order import RUN_ORDER
+
+    reached = set(RUN_ORDER[:RUN_ORDER.index(until) + 1] if until else RUN_ORDER)
     print("\n== cowork run summary ==")
     print(f"total {total:.1f}s; lake {lake.root}")
     for table in ("capability_specs", "validated_environments", "rejected_environments", "repair_log", "environment_splits",
                   "teacher_trajectories", "demonstrations", "checkpoints", "rl_rollouts", "rl_checkpoints", "benchmark_scores"):
+        if table not in reached:
+            continue
         try:
             df, v = lake.read_promoted(table)
             print(f"  {table:<24} {len(df):>7} rows  (promoted version {v})")
         except LakeError:
             continue
     try:
-        import polars as pl
-
-        tel, _ = lake.read_promoted("repair_telemetry")
-        d, a = int(tel["drafts"].sum()), int(tel["accepted"].sum())
-        print(f"  repair: {a}/{d} drafts certified ({a / max(d, 1):.1%}); first-pass {float((tel['first_pass_rate'] * tel['drafts']).sum()) / max(d, 1):.1%}")
-        sp, _ = lake.read_promoted("environment_splits")
-        print("  splits: " + ", ".join(f"{r['split']}={r['len']}" for r in sp.group_by("split").len().sort("split").to_dicts()))
+        if "repair_telemetry" in reached:
+            tel, _ = lake.read_promoted("repair_telemetry")
+            d, a = int(tel["drafts"].sum()), int(tel["accepted"].sum())
+            print(f"  repair: {a}/{d} drafts certified ({a / max(d, 1):.1%}); first-pass {float((tel['first_pass_rate'] * tel['drafts']).sum()) / max(d, 1):.1%}")
+        if "environment_splits" in reached:
+            sp, _ = lake.read_promoted("environment_splits")
+            print("  splits: " + ", ".join(f"{r['split']}={r['len']}" for r in sp.group_by("split").len().sort("split").to_dicts()))
     except LakeError:
         pass
-
+    if "benchmark_scores" not in reached:
+        return
     try:
         from cowork_pipeline.evaluation import comparison_table
 

@@ -8,6 +8,7 @@ from dagster import AssetExecutionContext
 import polars as pl
 
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
+from assets.order import SYNTHESIS
 from cowork_pipeline.capabilities import CATALOG_DIR, load_catalog, parse_capability
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
@@ -17,7 +18,7 @@ from cowork_pipeline.validation.certify import VALIDATOR_VERSION, Validator
 from resources import GeneratorResource, LakeResource, ProfileResource
 
 capability_partitions = dg.DynamicPartitionsDefinition(name="capability")
-SYNTH_TABLES = ("environment_drafts", "repair_log", "validated_environments", "rejected_environments", "repair_telemetry")
+SYNTH_TABLES = SYNTHESIS  # one multi-asset: a capability partition writes all five
 
 
 @dg.asset(group_name="synthesis", code_version="1", check_specs=[check_spec("capability_specs", "ids unique, every file valid")],

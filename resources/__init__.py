@@ -41,9 +41,19 @@ class GeneratorResource(dg.ConfigurableResource):
     """The environment generator backend: the embedded one (offline) or any OpenAI-compatible endpoint."""
 
     backend: str = "embedded"  # embedded | llm
-    base_url: str = ""
+    base_url: str = ""  # e.g. http://127.0.0.1:8000/v1
     model: str = ""
+    # The key itself is better left out of run config (Dagster shows and stores config): name the
+    # environment variable that holds it instead. An empty key sends no Authorization header.
     api_key: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    concurrency: int = 8  # requests in flight at once while a partition drafts or revises
+    temperature: float = 0.2
+    timeout_s: float = 120.0
+    max_retries: int = 2  # per request, on timeouts, 429 and 5xx
+    max_tokens: int = 0  # 0: the endpoint's default
+    json_mode: bool = True  # send response_format={"type": "json_object"} (turn off for servers that reject it)
+    prompt_version: str = "v1"
 
     def build(self) -> Any:
         if self.backend == "embedded":
@@ -55,7 +65,10 @@ class GeneratorResource(dg.ConfigurableResource):
 
             if not self.base_url or not self.model:
                 raise ValueError("generator backend 'llm' needs base_url and model")
-            return LLMBackend(self.base_url, self.model, api_key=self.api_key or None)
+            key = self.api_key or (os.environ.get(self.api_key_env, "") if self.api_key_env else "")
+            return LLMBackend(self.base_url, self.model, api_key=key or None, temperature=self.temperature, timeout_s=self.timeout_s,
+                              max_retries=self.max_retries, prompt_version=self.prompt_version, max_tokens=self.max_tokens or None,
+                              json_mode=self.json_mode, concurrency=self.concurrency)
         raise ValueError(f"unknown generator backend {self.backend!r} (embedded | llm)")
 
 

@@ -392,3 +392,94 @@ def test_bad_base_url_fails_fast_and_unreachable_endpoint_is_a_diagnostic(cap):
 def test_extract_finds_the_document_in_any_prose(doc, before, after):
     assert extract_json_object(before + json.dumps(doc) + after) == doc
 
+
+# ---- 5. `cowork run` with an LLM endpoint, through Dagster -------------------------------
+def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeypatch, capsys):
+    """The CLI's generator flags reach the synthesis asset: the endpoint drafts (two requests in flight),
+    the repair loop revises its prose answer, the lake records the LLM lineage, the key comes from the
+    named environment variable (never from run config) and ``--until`` stops after synthesis."""
+    import dagster as dg
+
+    from assets.cli import main
+    from cowork_pipeline.lake import Lake
+
+    def respond(body: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
+        if body["seed"] == 0 and len(body["messages"]) == 2:
+            return completion("Here is my plan for the environment, without the JSON.")
+        return completion(json.dumps(good_doc))
+
+    llm.responder, llm.delay_s = respond, 0.2
+    home = tmp_path / "home"
+    monkeypatch.setenv("COWORK_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster_home"))
+    monkeypatch.setenv("COWORK_TEST_LLM_KEY", "sk-from-env")
+    rc = main(["--home", str(home), "run", "--profile", "smoke", "--capabilities", "invoice_reconcile", "--envs-per-capability", "3",
+               "--until", "validated_environments", "--generator", "llm", "--base-url", f"http://127.0.0.1:{llm.port}/v1",
+               "--model", MODEL, "--api-key-env", "COWORK_TEST_LLM_KEY", "--concurrency", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert len(llm.requests) == 4 and llm.max_in_flight == 2  # 3 drafts + 1 revision
+    assert {r["headers"]["authorization"] for r in llm.requests} == {"Bearer sk-from-env"}
+    assert {r["body"]["model"] for r in llm.requests} == {MODEL}
+
+    lake = Lake(str(home / "lake"))
+    envs, _ = lake.read_promoted("validated_environments")
+    assert sorted(envs["env_id"]) == [f"invoice_reconcile-00000{i}" for i in range(3)]
+    assert set(envs["generator_backend"]) == {"llm"} and set(envs["kill_rate"]) == {1.0}
+    log, _ = lake.read_promoted("repair_log")
+    rows = {r["attempt_id"]: r for r in log.to_dicts()}
+    assert sorted(rows) == ["invoice_reconcile-s0-a0", "invoice_reconcile-s0-a1", "invoice_reconcile-s1-a0", "invoice_reconcile-s2-a0"]
+    assert rows["invoice_reconcile-s0-a0"]["codes"] == ["unparseable_output"] and rows["invoice_reconcile-s0-a1"]["certified"]
+    assert all(r["llm_tokens"] == 1500 and r["backend"] == "llm" for r in rows.values())
+    drafts, _ = lake.read_promoted("environment_drafts")
+    first = drafts.filter(drafts["attempt_id"] == "invoice_reconcile-s0-a0").to_dicts()[0]
+    assert first["raw"].startswith("Here is my plan")
+    # The prompt is stored with the draft it produced, exactly as sent (and hashed), and what it cost.
+    knobs = json.loads(first["knobs_json"])
+    sent = next(r["body"]["messages"] for r in llm.requests if r["body"]["seed"] == 0 and len(r["body"]["messages"]) == 2)
+    assert knobs["prompt"] == sent and knobs["prompt_sha256"] == prompt_sha256(sent)
+    assert knobs["prompt_version"] == "generate_v1" and knobs["model"] == MODEL and "sk-from-env" not in first["knobs_json"]
+    assert json.loads(first["cost_json"])["llm_tokens"] == 1500
+
+    # --until: synthesis only; nothing downstream ran or is summarized.
+    assert "synthesize[invoice_reconcile]" in out and "environment_splits" not in out and "benchmark" not in out
+    with pytest.raises(Exception, match="environment_splits"):
+        lake.read_promoted("environment_splits")
+    instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
+    runs = instance.get_runs()
+    assert runs and all("sk-from-env" not in json.dumps(r.run_config, default=str) + json.dumps(r.tags) for r in runs)
+
+
+def test_cowork_run_rejects_bad_options_before_running(tmp_path, monkeypatch, capsys):
+    from assets.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("COWORK_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster_home"))
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "broken.yaml").write_text("id: broken\ntitle: [unclosed\n")
+
+    def run(*argv: str) -> tuple[int, str]:
+        try:
+            rc = main(["--home", str(home), "run", *argv])
+        except SystemExit as e:  # argparse errors
+            rc = int(e.code or 0)
+        cap = capsys.readouterr()
+        return rc, cap.out + cap.err
+
+    rc, err = run("--catalog", str(catalog))
+    assert rc == 2 and "broken.yaml:3: invalid YAML" in err, err  # file and line
+    rc, err = run("--capabilities", "invoice_reconcile,no_such_capability")
+    assert rc == 2 and "unknown capabilities no_such_capability" in err and "invoice_reconcile" in err
+    rc, err = run("--generator", "llm", "--model", MODEL)
+    assert rc == 2 and "needs --base-url and --model" in err
+    rc, err = run("--generator", "llm", "--base-url", "127.0.0.1:8000/v1", "--model", MODEL)
+    assert rc == 2 and "must be an http(s) URL" in err
+    rc, err = run("--base-url", "http://127.0.0.1:8000/v1")
+    assert rc == 2 and "for --generator llm" in err
+    rc, err = run("--repair-rounds", "-1")
+    assert rc == 2 and "--repair-rounds must be at least 0" in err
+    rc, err = run("--until", "everything")
+    assert rc == 2 and "invalid choice" in err
+    assert not (home / "lake").exists()  # nothing was written

@@ -13,7 +13,10 @@ from cowork_pipeline.synthesis.repair import Outcome, synthesize, telemetry
 from cowork_pipeline.validation.certify import VALIDATOR_VERSION, Validator
 
 DRAFT_SCHEMA = {"attempt_id": pl.String, "env_id": pl.String, "capability_id": pl.String, "seed": pl.Int64, "round": pl.Int64,
-                "backend": pl.String, "generator_version": pl.String, "spec_json": pl.String, "spec_hash": pl.String, "raw": pl.String}
+                "backend": pl.String, "generator_version": pl.String, "spec_json": pl.String, "spec_hash": pl.String, "raw": pl.String,
+                # What produced the draft (an LLM's rendered prompt, its hashes, model and sampling; the embedded
+                # backend's repair state) and what it cost (tokens, seconds, HTTP attempts).
+                "knobs_json": pl.String, "cost_json": pl.String}
 LOG_SCHEMA = {"attempt_id": pl.String, "env_id": pl.String, "capability_id": pl.String, "seed": pl.Int64, "round": pl.Int64,
               "backend": pl.String, "certified": pl.Boolean, "codes": pl.List(pl.String), "diagnostics_json": pl.String,
               "changes": pl.List(pl.String), "kill_rate": pl.Float64, "seconds": pl.Float64, "llm_tokens": pl.Float64}
@@ -50,7 +53,8 @@ def tables_from(capability: Capability, outcomes: Sequence[Outcome], backend: Ge
             drafts.append({"attempt_id": d.draft_id, "env_id": spec.env_id if spec else f"{d.capability_id}-{d.seed:06d}",
                            "capability_id": d.capability_id, "seed": d.seed, "round": d.attempt, "backend": d.backend,
                            "generator_version": getattr(backend, "version", "?"), "spec_json": spec.to_json() if spec else None,
-                           "spec_hash": spec.content_hash() if spec else None, "raw": d.raw})
+                           "spec_hash": spec.content_hash() if spec else None, "raw": d.raw,
+                           "knobs_json": json.dumps(d.knobs, sort_keys=True, default=str), "cost_json": json.dumps(d.cost, sort_keys=True)})
             row = a.log_row()
             logs.append({k: row[k] for k in LOG_SCHEMA if k != "diagnostics_json"} | {"diagnostics_json": json.dumps(row["diagnostics"], sort_keys=True)})
         fin = o.final
