@@ -27,7 +27,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["catalog_dir"] = str(Path(args.catalog).absolute())
     try:
         generator = GeneratorResource(backend=args.generator, base_url=args.base_url or "", model=args.model or "",
-                                      api_key_env=args.api_key_env, concurrency=args.concurrency)
+                                      api_key_env=args.api_key_env, concurrency=args.concurrency,
+                                      response_cache=not args.no_llm_cache)
         generator.build()  # a bad URL or option fails here, before anything runs
         profile = ProfileResource(**overrides)
         lake = LakeResource(root=args.lake or str(home / "lake"))
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the API key (default OPENAI_API_KEY; unset: no Authorization header)")
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (--generator llm; default 8)")
+    g.add_argument("--no-llm-cache", action="store_true",
+                   help="ask the endpoint again even for a request answered before (default: replay answers kept in <home>/llm-cache)")
     r.set_defaults(fn=cmd_run)
     u = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")
     u.add_argument("--port", type=int, default=3000)

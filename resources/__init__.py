@@ -54,6 +54,9 @@ class GeneratorResource(dg.ConfigurableResource):
     max_tokens: int = 0  # 0: the endpoint's default
     json_mode: bool = True  # send response_format={"type": "json_object"} (turn off for servers that reject it)
     prompt_version: str = "v1"
+    # Answers kept on disk by request (same prompt, model, sampling, seed -> the same answer, not paid again).
+    response_cache: bool = True
+    cache_dir: str = ""  # empty: <COWORK_HOME>/llm-cache
 
     def build(self) -> Any:
         if self.backend == "embedded":
@@ -68,7 +71,9 @@ class GeneratorResource(dg.ConfigurableResource):
             key = self.api_key or (os.environ.get(self.api_key_env, "") if self.api_key_env else "")
             return LLMBackend(self.base_url, self.model, api_key=key or None, temperature=self.temperature, timeout_s=self.timeout_s,
                               max_retries=self.max_retries, prompt_version=self.prompt_version, max_tokens=self.max_tokens or None,
-                              json_mode=self.json_mode, concurrency=self.concurrency)
+                              json_mode=self.json_mode, concurrency=self.concurrency,
+                              cache_dir=(self.cache_dir or os.path.join(os.environ.get("COWORK_HOME", ".cowork"), "llm-cache"))
+                              if self.response_cache else None)
         raise ValueError(f"unknown generator backend {self.backend!r} (embedded | llm)")
 
 

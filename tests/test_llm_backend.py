@@ -306,21 +306,26 @@ def test_repair_loop_end_to_end(llm, cap, good_doc, validator):
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["llm_tokens"] == 1500 for r in rows)
 
 
+def outcome_view(outcomes: list[Any]) -> list[Any]:
+    """What the repair loop decided, attempt by attempt (no timings or costs)."""
+    return [(o.seed, o.accepted, [(a.draft.draft_id, a.draft.spec.content_hash() if a.draft.spec else None, a.draft.raw,
+                                   sorted(d.code for d in a.certification.diagnostics)) for a in o.attempts]) for o in outcomes]
+
+
+def prose_then_good(good_doc: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[int, bytes, dict[str, str]]]:
+    """Even seeds answer their first request with prose (no JSON), then a good document; odd seeds a good one."""
+    def respond(body: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
+        if body["seed"] % 2 == 0 and len(body["messages"]) == 2:
+            return completion(f"I would build a CRM world with an invoice email (seed {body['seed']}).")
+        return completion(json.dumps(good_doc))
+    return respond
+
+
 def test_repair_loop_keeps_requests_in_flight_with_the_same_outcomes(llm, cap, good_doc, validator):
     """A backend's ``concurrency`` requests are in flight at once; outcomes, attempts and their order
     are the same as one request at a time."""
-    def respond(body: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
-        revising = len(body["messages"]) > 2
-        if body["seed"] % 2 == 0 and not revising:  # even seeds: prose first, then a good document
-            return completion("I would build a CRM world with an invoice email.")
-        return completion(json.dumps(good_doc))
-
-    def view(outcomes: list[Any]) -> list[Any]:
-        return [(o.seed, o.accepted, [(a.draft.draft_id, a.draft.spec.content_hash() if a.draft.spec else None,
-                                       sorted(d.code for d in a.certification.diagnostics)) for a in o.attempts]) for o in outcomes]
-
     seeds = [0, 1, 2, 3, 4, 5]
-    llm.responder, llm.delay_s = respond, 0.2
+    llm.responder, llm.delay_s = prose_then_good(good_doc), 0.2
     together = synthesize(llm.backend(concurrency=3), validator, cap, seeds, max_rounds=2)
     assert 2 <= llm.max_in_flight <= 3, llm.max_in_flight
     assert len(llm.requests) == 9  # 6 drafts + 3 revisions
@@ -328,9 +333,44 @@ def test_repair_loop_keeps_requests_in_flight_with_the_same_outcomes(llm, cap, g
     llm.max_in_flight, llm.delay_s = 0, 0.0
     alone = synthesize(llm.backend(concurrency=1), validator, cap, seeds, max_rounds=2)
     assert llm.max_in_flight == 1 and len(llm.requests) == 9
-    assert view(together) == view(alone)
+    assert outcome_view(together) == outcome_view(alone)
     assert [o.seed for o in together] == seeds and [o.rounds for o in together] == [1, 0, 1, 0, 1, 0]
     assert all(o.accepted for o in together)
+
+
+def test_response_cache_replays_answers_and_never_stores_errors(llm, cap, good_doc, validator, tmp_path):
+    cache = tmp_path / "llm-cache"
+    llm.responder = prose_then_good(good_doc)
+    first = synthesize(llm.backend(cache_dir=cache), validator, cap, [0, 1], max_rounds=2)
+    assert len(llm.requests) == 3 and not any(a.draft.knobs["cache_hit"] for o in first for a in o.attempts)
+    again = synthesize(llm.backend(cache_dir=cache), validator, cap, [0, 1], max_rounds=2)
+    assert len(llm.requests) == 3  # every answer replayed: the same drafts, nothing paid
+    assert outcome_view(again) == outcome_view(first) and all(o.accepted for o in again)
+    for a in (a for o in again for a in o.attempts):
+        assert a.draft.knobs["cache_hit"] and a.draft.cost["llm_tokens"] == 0 and a.draft.cost["http_attempts"] == 0
+        assert a.draft.knobs["response"]["usage"]["total_tokens"] == 1500  # what the answer cost when it was paid for
+
+    # Another sampling setting is another request.
+    llm.backend(cache_dir=cache, temperature=0.7).draft(cap, 1)
+    assert len(llm.requests) == 4
+    # An entry that cannot be read is a miss, replaced by the next answer.
+    entries = sorted(cache.rglob("*.json"))
+    assert len(entries) == 4
+    for e in entries:
+        e.write_text("{truncated")
+    d = llm.backend(cache_dir=cache).draft(cap, 1)
+    assert d.spec is not None and not d.knobs["cache_hit"] and len(llm.requests) == 5
+    assert llm.backend(cache_dir=cache).draft(cap, 1).knobs["cache_hit"] and len(llm.requests) == 5
+
+    # Errors are never stored: a failed request is asked again next time; a retried one stores the answer.
+    llm.responder = None
+    llm.script(error(400, "bad request"), error(500), completion(json.dumps(good_doc)))
+    failed = llm.backend(cache_dir=cache).draft(cap, 7)
+    assert failed.spec is None and failed.parse_diagnostics[0].code == "generator_error"
+    retried = llm.backend(cache_dir=cache).draft(cap, 7)
+    assert retried.spec is not None and retried.cost["http_attempts"] == 2 and len(llm.requests) == 8
+    assert llm.backend(cache_dir=cache).draft(cap, 7).knobs["cache_hit"] and len(llm.requests) == 8
+    assert not list(cache.rglob("*.tmp"))
 
 
 # ---- 4. versioned prompts -----------------------------------------------------------------
@@ -397,28 +437,25 @@ def test_extract_finds_the_document_in_any_prose(doc, before, after):
 def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeypatch, capsys):
     """The CLI's generator flags reach the synthesis asset: the endpoint drafts (two requests in flight),
     the repair loop revises its prose answer, the lake records the LLM lineage, the key comes from the
-    named environment variable (never from run config) and ``--until`` stops after synthesis."""
+    named environment variable (never from run config), ``--until`` stops after synthesis, and the same
+    command again replays every answer from the response cache."""
     import dagster as dg
 
     from assets.cli import main
-    from cowork_pipeline.lake import Lake
+    from cowork_pipeline.lake import Lake, LakeError
 
-    def respond(body: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
-        if body["seed"] == 0 and len(body["messages"]) == 2:
-            return completion("Here is my plan for the environment, without the JSON.")
-        return completion(json.dumps(good_doc))
-
-    llm.responder, llm.delay_s = respond, 0.2
+    llm.responder, llm.delay_s = prose_then_good(good_doc), 0.2
     home = tmp_path / "home"
     monkeypatch.setenv("COWORK_HOME", str(home))
     monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster_home"))
     monkeypatch.setenv("COWORK_TEST_LLM_KEY", "sk-from-env")
-    rc = main(["--home", str(home), "run", "--profile", "smoke", "--capabilities", "invoice_reconcile", "--envs-per-capability", "3",
-               "--until", "validated_environments", "--generator", "llm", "--base-url", f"http://127.0.0.1:{llm.port}/v1",
-               "--model", MODEL, "--api-key-env", "COWORK_TEST_LLM_KEY", "--concurrency", "2"])
+    argv = ["--home", str(home), "run", "--profile", "smoke", "--capabilities", "invoice_reconcile", "--envs-per-capability", "3",
+            "--until", "validated_environments", "--generator", "llm", "--base-url", f"http://127.0.0.1:{llm.port}/v1",
+            "--model", MODEL, "--api-key-env", "COWORK_TEST_LLM_KEY", "--concurrency", "2"]
+    rc = main(argv)
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert len(llm.requests) == 4 and llm.max_in_flight == 2  # 3 drafts + 1 revision
+    assert len(llm.requests) == 5 and llm.max_in_flight == 2  # 3 drafts + 2 revisions
     assert {r["headers"]["authorization"] for r in llm.requests} == {"Bearer sk-from-env"}
     assert {r["body"]["model"] for r in llm.requests} == {MODEL}
 
@@ -428,12 +465,12 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     assert set(envs["generator_backend"]) == {"llm"} and set(envs["kill_rate"]) == {1.0}
     log, _ = lake.read_promoted("repair_log")
     rows = {r["attempt_id"]: r for r in log.to_dicts()}
-    assert sorted(rows) == ["invoice_reconcile-s0-a0", "invoice_reconcile-s0-a1", "invoice_reconcile-s1-a0", "invoice_reconcile-s2-a0"]
+    assert sorted(rows) == [f"invoice_reconcile-{a}" for a in ("s0-a0", "s0-a1", "s1-a0", "s2-a0", "s2-a1")]
     assert rows["invoice_reconcile-s0-a0"]["codes"] == ["unparseable_output"] and rows["invoice_reconcile-s0-a1"]["certified"]
     assert all(r["llm_tokens"] == 1500 and r["backend"] == "llm" for r in rows.values())
     drafts, _ = lake.read_promoted("environment_drafts")
     first = drafts.filter(drafts["attempt_id"] == "invoice_reconcile-s0-a0").to_dicts()[0]
-    assert first["raw"].startswith("Here is my plan")
+    assert first["raw"].startswith("I would build a CRM world")
     # The prompt is stored with the draft it produced, exactly as sent (and hashed), and what it cost.
     knobs = json.loads(first["knobs_json"])
     sent = next(r["body"]["messages"] for r in llm.requests if r["body"]["seed"] == 0 and len(r["body"]["messages"]) == 2)
@@ -443,11 +480,19 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
 
     # --until: synthesis only; nothing downstream ran or is summarized.
     assert "synthesize[invoice_reconcile]" in out and "environment_splits" not in out and "benchmark" not in out
-    with pytest.raises(Exception, match="environment_splits"):
+    with pytest.raises(LakeError, match="environment_splits"):
         lake.read_promoted("environment_splits")
     instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     runs = instance.get_runs()
     assert runs and all("sk-from-env" not in json.dumps(r.run_config, default=str) + json.dumps(r.tags) for r in runs)
+
+    # The same command again: every answer comes from <home>/llm-cache, the same environments are promoted.
+    assert main(argv) == 0
+    assert len(llm.requests) == 5 and len(list((home / "llm-cache").rglob("*.json"))) == 5
+    again, _ = lake.read_promoted("validated_environments")
+    assert again.sort("env_id")["spec_hash"].to_list() == envs.sort("env_id")["spec_hash"].to_list()
+    log, _ = lake.read_promoted("repair_log")
+    assert log["llm_tokens"].sum() == 0 and len(log) == 5
 
 
 def test_cowork_run_rejects_bad_options_before_running(tmp_path, monkeypatch, capsys):

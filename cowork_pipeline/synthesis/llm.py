@@ -16,6 +16,11 @@ template file (``knobs["template_sha256"]``), the full rendered messages (``knob
 the model's raw answer (``draft.raw``), response metadata (``knobs["response"]``), and the cost
 (``cost["llm_tokens"]``, ``cost["prompt_tokens"]``, ``cost["completion_tokens"]``,
 ``cost["seconds"]``, ``cost["http_attempts"]``).
+
+With ``cache_dir``, answers are kept on disk by request (:class:`ResponseCache`): the same prompt,
+model and sampling settings are answered from there (``knobs["cache_hit"]``, zero tokens spent), so
+re-running a partition, or re-certifying after a validator change, costs nothing and drafts the same
+environments.
 """
 from __future__ import annotations
 
@@ -26,7 +31,9 @@ import ipaddress
 import json
 import random
 import re
+import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -338,6 +345,37 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
+class ResponseCache:
+    """Chat-completion answers on disk, keyed by the request (endpoint URL and the whole body: model,
+    messages, sampling settings, seed). A re-run with the same prompts replays the answers instead of
+    paying for them again, and so drafts the same environments. Only usable answers are stored (never
+    an error); an entry that cannot be read is a miss and is replaced by the next answer."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    @staticmethod
+    def key(url: str, payload: dict[str, Any]) -> str:
+        return hashlib.sha256(canonical_json({"url": url, "request": payload}).encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            body = json.loads(self._path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return body if isinstance(body, dict) and "choices" in body else None
+
+    def put(self, key: str, body: dict[str, Any]) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(body), encoding="utf-8")
+        os.replace(tmp, path)  # atomic: a reader sees the old entry or the whole new one
+
+
 class LLMBackend:
     """Generator backend over an OpenAI-compatible ``/chat/completions`` endpoint."""
 
@@ -347,7 +385,7 @@ class LLMBackend:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, temperature: float = 0.2,
                  timeout_s: float = 120, max_retries: int = 2, prompt_version: str = "v1", *,
                  backoff_s: float = 1.0, max_backoff_s: float = 20.0, max_tokens: int | None = None,
-                 json_mode: bool = True, concurrency: int = 8):
+                 json_mode: bool = True, concurrency: int = 8, cache_dir: str | Path | None = None):
         if int(concurrency) < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         parts = urllib.parse.urlsplit(base_url)
@@ -369,6 +407,7 @@ class LLMBackend:
         # Requests in flight at once when the repair loop drafts or revises many environments; every
         # call is independent (no state is written after construction), so threads may share this object.
         self.concurrency = int(concurrency)
+        self.cache = ResponseCache(cache_dir) if cache_dir else None
         self.generate_template = load_template(f"generate_{prompt_version}")  # fail fast on an unknown version
         self.revise_template = load_template(f"revise_{prompt_version}")
         # Loopback endpoints bypass any HTTP(S)_PROXY of the environment.
@@ -444,6 +483,7 @@ class LLMBackend:
                          cost={"llm_tokens": 0.0, "seconds": time.perf_counter() - t0, "http_attempts": float(e.attempts)})
         content, finish, usage = _read_choice(body)
         knobs["response"] = {"id": body.get("id"), "model": body.get("model"), "finish_reason": finish, "usage": usage}
+        knobs["cache_hit"] = cached = http_attempts == 0
         spec, diags, dropped = parse_spec(content, cap, seed, attempt=attempt, model=self.model, prompt_version=template.name)
         if dropped:
             knobs["dropped_fields"] = dropped
@@ -452,6 +492,8 @@ class LLMBackend:
         prompt_toks = float(usage.get("prompt_tokens") or 0)
         completion_toks = float(usage.get("completion_tokens") or 0)
         total = float(usage.get("total_tokens") or (prompt_toks + completion_toks))
+        if cached:  # paid for by an earlier run (its usage stays in knobs["response"])
+            total = prompt_toks = completion_toks = 0.0
         cost = {"llm_tokens": total, "prompt_tokens": prompt_toks, "completion_tokens": completion_toks,
                 "seconds": time.perf_counter() - t0, "http_attempts": float(http_attempts)}
         return Draft(cap.id, seed, attempt, self.name, spec, knobs=knobs, raw=content, parse_diagnostics=diags,
@@ -462,12 +504,27 @@ class LLMBackend:
                      parse_diagnostics=[Diagnostic("generator_error", message)])
 
     def _post(self, messages: list[dict[str, str]], seed: int) -> tuple[dict[str, Any], int]:
-        """POST with bounded retries (connection errors, timeouts, 429, 5xx); return (body, attempts)."""
+        """POST with bounded retries (connection errors, timeouts, 429, 5xx); return (body, attempts),
+        attempts 0 when the answer came from the response cache."""
         payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature, "seed": seed}
         if self.json_mode:
             payload["response_format"] = {"type": "json_object"}
         if self.max_tokens:
             payload["max_tokens"] = self.max_tokens
+        key = self.cache.key(self.url, payload) if self.cache is not None else ""
+        if self.cache is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return hit, 0
+        body, attempts = self._send(payload)
+        if self.cache is not None:
+            try:
+                self.cache.put(key, body)
+            except OSError:  # a cache that cannot be written costs a later re-run, never this answer
+                pass
+        return body, attempts
+
+    def _send(self, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
