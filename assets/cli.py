@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _home(args: argparse.Namespace) -> Path:
@@ -14,7 +15,7 @@ def _home(args: argparse.Namespace) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     from assets.run import ensure_home, run_all
     from cowork_pipeline.capabilities import CapabilityError
-    from resources import SMOKE_PROFILE, GeneratorResource, LakeResource, ProfileResource
+    from resources import SMOKE_PROFILE, LakeResource, ProfileResource
 
     home = _home(args)
     os.environ.setdefault("COWORK_HOME", str(home))
@@ -26,10 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.catalog:
         overrides["catalog_dir"] = str(Path(args.catalog).absolute())
     try:
-        generator = GeneratorResource(backend=args.generator, base_url=args.base_url or "", model=args.model or "",
-                                      api_key_env=args.api_key_env, concurrency=args.concurrency,
-                                      response_cache=not args.no_llm_cache)
-        generator.build()  # a bad URL or option fails here, before anything runs
+        generator = _generator(args)
         profile = ProfileResource(**overrides)
         lake = LakeResource(root=args.lake or str(home / "lake"))
         instance = ensure_home(home / "dagster_home")
@@ -45,25 +43,63 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_run_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if getattr(args, "cmd", None) != "run":
+def _generator(args: argparse.Namespace) -> Any:
+    """The GeneratorResource the generator flags describe; a bad URL or option raises ValueError here,
+    before anything runs."""
+    from resources import GeneratorResource
+
+    generator = GeneratorResource(backend=args.generator, base_url=args.base_url or "", model=args.model or "",
+                                  api_key_env=args.api_key_env, concurrency=args.concurrency, response_cache=not args.no_llm_cache)
+    generator.build()
+    return generator
+
+
+def _add_generator_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("generator backend")
+    g.add_argument("--generator", choices=["embedded", "llm"], default="embedded",
+                   help="embedded: offline and seeded (default); llm: any OpenAI-compatible chat-completions endpoint")
+    g.add_argument("--base-url", help="the endpoint's base URL, e.g. http://127.0.0.1:8000/v1 (--generator llm)")
+    g.add_argument("--model", help="model name sent with every request (--generator llm)")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="environment variable holding the API key (default OPENAI_API_KEY; unset: no Authorization header)")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (--generator llm; default 8)")
+    g.add_argument("--no-llm-cache", action="store_true",
+                   help="ask the endpoint again even for a request answered before (default: replay answers kept in <home>/llm-cache)")
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if getattr(args, "cmd", None) not in ("run", "ui"):
         return
     if args.generator == "llm" and not (args.base_url and args.model):
         p.error("--generator llm needs --base-url and --model")
     if args.generator == "embedded" and (args.base_url or args.model):
         p.error("--base-url and --model are for --generator llm (the embedded generator is offline)")
-    for flag, value, least in (("--repair-rounds", args.repair_rounds, 0), ("--concurrency", args.concurrency, 1),
-                               ("--envs-per-capability", args.envs_per_capability, 0)):
+    checks = [("--concurrency", args.concurrency, 1)]
+    if args.cmd == "run":
+        checks += [("--repair-rounds", args.repair_rounds, 0), ("--envs-per-capability", args.envs_per_capability, 0)]
+    for flag, value, least in checks:
         if value is not None and value < least:
             p.error(f"{flag} must be at least {least}, got {value}")
+
+
+def ui_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of the code location `cowork ui` starts (another process): it reads the lake, the
+    home folder and the generator from there (``LakeResource``, ``GeneratorResource.from_env``)."""
+    home = _home(args)
+    return dict(os.environ, COWORK_LAKE=os.environ.get("COWORK_LAKE", str(home / "lake")), COWORK_HOME=str(home),
+                **_generator(args).to_env())
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from assets.run import ensure_home
 
     home = _home(args)
+    try:
+        env = ui_environment(args)
+    except ValueError as e:
+        print(f"cowork ui: {e}", file=sys.stderr)
+        return 2
     ensure_home(home / "dagster_home")
-    env = dict(os.environ, COWORK_LAKE=os.environ.get("COWORK_LAKE", str(home / "lake")))
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(Path(__file__).parent.parent / "workspace.yaml"),
            "-h", "127.0.0.1", "-p", str(args.port)]
     print("starting the Dagster UI on http://127.0.0.1:%d" % args.port, flush=True)
@@ -78,6 +114,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return args.fn(args)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (argparse exits with status 2 and a message on bad options)."""
     p = argparse.ArgumentParser(prog="cowork", description="Synthesize, certify and train on coworker-agent environments.")
     p.add_argument("--home", help="state folder (default: $COWORK_HOME or ./.cowork)")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -92,19 +134,11 @@ def main(argv: list[str] | None = None) -> int:
 
     r.add_argument("--until", choices=RUN_ORDER, metavar="ASSET",
                    help="stop after this asset, e.g. validated_environments to synthesize only (default: through benchmark_scores)")
-    g = r.add_argument_group("generator backend")
-    g.add_argument("--generator", choices=["embedded", "llm"], default="embedded",
-                   help="embedded: offline and seeded (default); llm: any OpenAI-compatible chat-completions endpoint")
-    g.add_argument("--base-url", help="the endpoint's base URL, e.g. http://127.0.0.1:8000/v1 (--generator llm)")
-    g.add_argument("--model", help="model name sent with every request (--generator llm)")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                   help="environment variable holding the API key (default OPENAI_API_KEY; unset: no Authorization header)")
-    g.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (--generator llm; default 8)")
-    g.add_argument("--no-llm-cache", action="store_true",
-                   help="ask the endpoint again even for a request answered before (default: replay answers kept in <home>/llm-cache)")
+    _add_generator_args(r)
     r.set_defaults(fn=cmd_run)
-    u = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1")
+    u = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1 (its runs, sensors and schedule use the generator given here)")
     u.add_argument("--port", type=int, default=3000)
+    _add_generator_args(u)
     u.set_defaults(fn=cmd_ui)
     s = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible endpoint on 127.0.0.1")
     s.add_argument("checkpoint")
@@ -115,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
     register_lineage(sub)
     args = p.parse_args(argv)
-    _check_run_args(p, args)
-    return args.fn(args)
+    _check_args(p, args)
+    return args
 
 
 if __name__ == "__main__":

@@ -37,6 +37,13 @@ class ComputeResource(dg.ConfigurableResource):
         return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# How `cowork ui` hands its generator flags to the code location it starts (a separate process): these
+# variables, read by ``GeneratorResource.from_env`` when the definitions are built.
+_GENERATOR_ENV = (("backend", "COWORK_GENERATOR"), ("base_url", "COWORK_LLM_BASE_URL"), ("model", "COWORK_LLM_MODEL"),
+                  ("api_key_env", "COWORK_LLM_API_KEY_ENV"), ("concurrency", "COWORK_LLM_CONCURRENCY"),
+                  ("response_cache", "COWORK_LLM_CACHE"))
+
+
 class GeneratorResource(dg.ConfigurableResource):
     """The environment generator backend: the embedded one (offline) or any OpenAI-compatible endpoint."""
 
@@ -57,6 +64,21 @@ class GeneratorResource(dg.ConfigurableResource):
     # Answers kept on disk by request (same prompt, model, sampling, seed -> the same answer, not paid again).
     response_cache: bool = True
     cache_dir: str = ""  # empty: <COWORK_HOME>/llm-cache
+
+    def to_env(self) -> dict[str, str]:
+        return {var: str(int(v) if isinstance(v, bool) else v) for name, var in _GENERATOR_ENV for v in [getattr(self, name)]}
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "GeneratorResource":
+        """The default generator, with any ``COWORK_GENERATOR`` / ``COWORK_LLM_*`` variable applied."""
+        env = os.environ if environ is None else environ
+        given = {name: env[var] for name, var in _GENERATOR_ENV if env.get(var, "") != ""}
+        if "response_cache" in given:
+            given["response_cache"] = given["response_cache"] not in ("0", "false", "no")
+        try:
+            return cls(**given)
+        except Exception as e:  # noqa: BLE001 - pydantic's message, with the variables it came from
+            raise ValueError(f"invalid generator settings from {', '.join(v for n, v in _GENERATOR_ENV if n in given)}: {e}") from None
 
     def build(self) -> Any:
         if self.backend == "embedded":

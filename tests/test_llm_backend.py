@@ -5,9 +5,11 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -528,3 +530,30 @@ def test_cowork_run_rejects_bad_options_before_running(tmp_path, monkeypatch, ca
     rc, err = run("--until", "everything")
     assert rc == 2 and "invalid choice" in err
     assert not (home / "lake").exists()  # nothing was written
+
+
+def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
+    """`cowork ui --generator llm ...`: the code location (another process, as `dagster dev` starts it)
+    builds its definitions with that generator, so launched runs, the sensors and the schedule use it."""
+    import subprocess
+    import sys
+
+    from assets.cli import parse_args, ui_environment
+
+    home = tmp_path / "home"
+    args = parse_args(["--home", str(home), "ui", "--generator", "llm", "--base-url", "http://127.0.0.1:9/v1", "--model", MODEL,
+                       "--api-key-env", "MY_KEY", "--concurrency", "5", "--no-llm-cache"])
+    env = ui_environment(args)
+    probe = ("import json\nfrom assets.definitions import defs\ng = defs.resources['generator']\nb = g.build()\n"
+             "print(json.dumps([g.backend, b.url, b.model, b.concurrency, b.cache is None, g.api_key_env]))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["llm", "http://127.0.0.1:9/v1/chat/completions", MODEL, 5, True, "MY_KEY"]
+    assert env["COWORK_HOME"] == str(home) and env["COWORK_LAKE"] == os.environ.get("COWORK_LAKE", str(home / "lake"))
+
+    # Without generator flags the code location keeps the embedded default; a bad URL never starts it.
+    plain = ui_environment(parse_args(["--home", str(home), "ui"]))
+    assert plain["COWORK_GENERATOR"] == "embedded"
+    with pytest.raises(ValueError, match="must be an http"):
+        ui_environment(parse_args(["--home", str(home), "ui", "--generator", "llm", "--base-url", "nope", "--model", MODEL]))
