@@ -17,8 +17,8 @@ Three mechanisms, all **stopped by default** (nothing runs by itself after `cowo
 
 ``nightly_regeneration`` (cron ``0 3 * * *`` UTC)
     Requests one ``synthesize_capability`` run per partition that is *missing* (no promoted synthesis) or
-    *stale*: its promoted ``repair_telemetry`` row was written by another code version than the synthesis
-    assets' current one, or from a capability fingerprint other than the one in today's promoted
+    *stale*: its promoted ``repair_telemetry`` row was written by another code version than the configured
+    generator's (``GeneratorResource.code_version()``: generator, model and prompt version, validator), or from a capability fingerprint other than the one in today's promoted
     ``capability_specs`` (read by time travel at the ``capability_specs`` version the row recorded). The
     selection is :func:`plan_regeneration`, a pure function. Catalog files that differ from the promoted
     ``capability_specs`` are reported; refreshing the specs is the sensor's job (a run of
@@ -52,9 +52,11 @@ from cowork_pipeline.capabilities import CATALOG_DIR, CapabilityError, load_capa
 from cowork_pipeline.lake import Lake, LakeError
 from cowork_pipeline.synthesis.embedded import GENERATOR_VERSION
 from cowork_pipeline.validation.certify import VALIDATOR_VERSION
-from resources import LakeResource, ProfileResource
+from resources import GeneratorResource, LakeResource, ProfileResource
 
-SYNTH_CODE_VERSION = f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}"  # the code_version of every synthesis asset
+# The synthesis assets' code version with the default (embedded) generator; with another generator the
+# sensor and the schedule compare against ``GeneratorResource.code_version()``, which the assets record.
+SYNTH_CODE_VERSION = f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}"
 PARTITIONS = "capability"
 
 capability_specs_job = dg.define_asset_job(
@@ -213,7 +215,8 @@ def _in_flight_partitions(instance: dg.DagsterInstance) -> set[str]:
 @dg.sensor(name="capability_catalog_sensor", jobs=[capability_specs_job, synthesis_job], minimum_interval_seconds=30,
            default_status=dg.DefaultSensorStatus.STOPPED,
            description="Adds a partition and synthesizes it when a capability file appears or its content changes.")
-def capability_catalog_sensor(context: dg.SensorEvaluationContext, profile: ProfileResource, lake: LakeResource):
+def capability_catalog_sensor(context: dg.SensorEvaluationContext, profile: ProfileResource, lake: LakeResource,
+                              generator: GeneratorResource):
     folder = catalog_folder(profile)
     on_disk, errors = catalog_fingerprints(folder)
     for name, err in errors.items():
@@ -222,7 +225,7 @@ def capability_catalog_sensor(context: dg.SensorEvaluationContext, profile: Prof
     tick = catalog_tick(CatalogCursor.parse(context.cursor), on_disk,
                         existing_partitions=context.instance.get_dynamic_partitions(PARTITIONS),
                         published=published_fingerprints(lk), states=partition_states(lk),
-                        in_flight=_in_flight_partitions(context.instance))
+                        code_version=generator.code_version(), in_flight=_in_flight_partitions(context.instance))
     requests: list[dg.RunRequest] = []
     if tick.refresh_specs:
         requests.append(dg.RunRequest(job_name=capability_specs_job.name, run_key=f"capability_specs:{tick.cursor.specs_requested}",
@@ -275,11 +278,12 @@ def plan_regeneration(partitions: Iterable[str], published: Mapping[str, str], s
 @dg.schedule(name="nightly_regeneration", cron_schedule="0 3 * * *", execution_timezone="UTC", job=synthesis_job,
              default_status=dg.DefaultScheduleStatus.STOPPED,
              description="Regenerates capability partitions that are missing or stale (code version or capability changed).")
-def nightly_regeneration(context: dg.ScheduleEvaluationContext, lake: LakeResource, profile: ProfileResource):
+def nightly_regeneration(context: dg.ScheduleEvaluationContext, lake: LakeResource, profile: ProfileResource,
+                         generator: GeneratorResource):
     lk = lake.lake()
     on_disk, _ = catalog_fingerprints(catalog_folder(profile))
     plan = plan_regeneration(context.instance.get_dynamic_partitions(PARTITIONS), published_fingerprints(lk),
-                             partition_states(lk), on_disk=on_disk)
+                             partition_states(lk), code_version=generator.code_version(), on_disk=on_disk)
     for cap, why in plan.skipped.items():
         context.log.info(f"not regenerating {cap}: {why}")
     if not plan.selection:

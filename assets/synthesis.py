@@ -62,6 +62,7 @@ def _synth_suites(max_rounds: int) -> dict[str, list[Expect]]:
 
 @dg.multi_asset(
     specs=[dg.AssetSpec(t, deps=["capability_specs"], group_name="synthesis", partitions_def=capability_partitions,
+                        # the definitions' version (default generator); rows record the generator actually used
                         code_version=f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}") for t in SYNTH_TABLES],
     check_specs=[check_spec(t, "GX suite; rows are promoted only when it passes") for t in SYNTH_TABLES],
     partitions_def=capability_partitions, can_subset=False,
@@ -95,7 +96,7 @@ def synthesized_environments(context: AssetExecutionContext, lake: LakeResource,
     upstream = {"capability_specs": spec_version}
     for table, df in frames.items():
         mat, check = write_checked(context, lk, table, df, suite=suites[table], partition=("capability_id", cap_id),
-                                   lin=lineage(context, table, f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}", upstream))
+                                   lin=lineage(context, table, generator.code_version(), upstream))
         if table == "validated_environments":
             mat.metadata.update({"survival_rate": tel["survival_rate"], "accepted_by_round": dg.MetadataValue.json(tel["accepted_by_round"]),
                                  "diagnostics": dg.MetadataValue.json(tel["diagnostic_counts"]), "repair_plot": _repair_plot(cap_id, tel)})

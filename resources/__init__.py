@@ -80,6 +80,20 @@ class GeneratorResource(dg.ConfigurableResource):
         except Exception as e:  # noqa: BLE001 - pydantic's message, with the variables it came from
             raise ValueError(f"invalid generator settings from {', '.join(v for n, v in _GENERATOR_ENV if n in given)}: {e}") from None
 
+    def code_version(self) -> str:
+        """What the synthesis assets record as their code version: the generator (for a model: its name and
+        prompt version, since another one drafts other environments) and the validator. The catalog sensor
+        and the nightly schedule regenerate partitions recorded with another one."""
+        from cowork_pipeline.validation.certify import VALIDATOR_VERSION
+
+        if self.backend == "llm":
+            from cowork_pipeline.synthesis.llm import BACKEND_VERSION
+
+            return f"{BACKEND_VERSION}/{self.model}/{self.prompt_version}+{VALIDATOR_VERSION}"
+        from cowork_pipeline.synthesis.embedded import GENERATOR_VERSION
+
+        return f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}"
+
     def build(self) -> Any:
         if self.backend == "embedded":
             from cowork_pipeline.synthesis.embedded import EmbeddedBackend

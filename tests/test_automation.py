@@ -13,7 +13,7 @@ from assets import automation as auto
 from assets.definitions import ALL_ASSETS, build_definitions, resources
 from cowork_pipeline.capabilities import CATALOG_DIR
 from cowork_pipeline.lake import Lake, Lineage
-from resources import LakeResource, ProfileResource
+from resources import GeneratorResource, LakeResource, ProfileResource
 
 CAPS = ("invoice_reconcile", "weekly_task_digest")
 CURRENT = auto.SYNTH_CODE_VERSION
@@ -31,7 +31,7 @@ def setup(tmp_path):
 
 
 def _tick(instance, cursor, profile, lake_res) -> dg.SensorResult | dg.SkipReason:
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"profile": profile, "lake": lake_res})
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"profile": profile, "lake": lake_res, "generator": GeneratorResource()})
     return auto.capability_catalog_sensor(ctx)
 
 
@@ -176,7 +176,8 @@ def test_schedule_selects_exactly_the_missing_and_stale_partitions(tmp_path):
     empty_catalog = tmp_path / "catalog"
     empty_catalog.mkdir()
     ctx = dg.build_schedule_context(instance=instance, scheduled_execution_time=dt.datetime(2026, 3, 2, 3, 0),
-                                    resources={"lake": lake_res, "profile": ProfileResource(catalog_dir=str(empty_catalog))})
+                                    resources={"lake": lake_res, "profile": ProfileResource(catalog_dir=str(empty_catalog)),
+                                               "generator": GeneratorResource()})
     requests = list(auto.nightly_regeneration(ctx))
     assert [r.partition_key for r in requests] == ["beta", "delta", "gamma"]
     assert all(r.tags["cowork/trigger"] == "nightly_regeneration" for r in requests)

@@ -488,6 +488,21 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     runs = instance.get_runs()
     assert runs and all("sk-from-env" not in json.dumps(r.run_config, default=str) + json.dumps(r.tags) for r in runs)
 
+    # The partition records the generator that drafted it (model and prompt version included): the nightly
+    # schedule and the catalog sensor, configured with this generator, leave it alone; with the embedded one,
+    # or another model, it is stale.
+    from assets.automation import SYNTH_CODE_VERSION, partition_states, plan_regeneration, published_fingerprints
+    from resources import GeneratorResource
+
+    ours = GeneratorResource(backend="llm", base_url=f"http://127.0.0.1:{llm.port}/v1", model=MODEL).code_version()
+    assert ours == f"llm-1/{MODEL}/v1+certify-1"
+    states, published = partition_states(lake), published_fingerprints(lake)
+    assert states["invoice_reconcile"].code_version == ours
+    assert plan_regeneration(["invoice_reconcile"], published, states, code_version=ours).selection == {}
+    for other in (SYNTH_CODE_VERSION, GeneratorResource(backend="llm", base_url="http://127.0.0.1:1/v1", model="other").code_version()):
+        assert plan_regeneration(["invoice_reconcile"], published, states, code_version=other).selection == {
+            "invoice_reconcile": f"code version {ours} -> {other}"}
+
     # The same command again: every answer comes from <home>/llm-cache, the same environments are promoted.
     assert main(argv) == 0
     assert len(llm.requests) == 5 and len(list((home / "llm-cache").rglob("*.json"))) == 5
