@@ -684,6 +684,13 @@ class _Tracer:
                 dr = d.row(0, named=True)
                 a.attrs["draft"] = {"table": f"environment_drafts@{drafts_v}", "spec_hash": dr.get("spec_hash"),
                                     "generator_version": dr.get("generator_version"), "run_id": dr.get("_run_id")}
+                try:
+                    knobs = json.loads(dr.get("knobs_json") or "{}")  # absent in lakes written before it existed
+                except ValueError:
+                    knobs = {}
+                if isinstance(knobs, dict) and knobs.get("prompt_sha256"):  # a model's draft: which prompt, which model
+                    a.attrs["draft"].update({k: knobs.get(k) for k in ("model", "prompt_version", "prompt_sha256", "template_sha256",
+                                                                        "cache_hit")})
         return a
 
 

@@ -488,6 +488,14 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     runs = instance.get_runs()
     assert runs and all("sk-from-env" not in json.dumps(r.run_config, default=str) + json.dumps(r.tags) for r in runs)
 
+    # Lineage of an attempt names the prompt (hash as sent) and the model behind it.
+    assert main(["--home", str(home), "lineage", "invoice_reconcile-s0-a0", "--json"]) == 0
+    tree = json.loads(capsys.readouterr().out)["tree"]
+    assert tree["kind"] == "attempt" and tree["code_version"] == f"llm-1/{MODEL}/v1+certify-1"
+    draft = tree["attrs"]["draft"]
+    assert (draft["model"], draft["prompt_version"], draft["prompt_sha256"], draft["cache_hit"]) == (
+        MODEL, "generate_v1", prompt_sha256(sent), False)
+
     # The partition records the generator that drafted it (model and prompt version included): the nightly
     # schedule and the catalog sensor, configured with this generator, leave it alone; with the embedded one,
     # or another model, it is stale.
