@@ -52,12 +52,18 @@ def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterIn
     last = RUN_ORDER.index(until) if until is not None else len(RUN_ORDER) - 1
     # The partitions of this catalog, not every one the instance has seen (an earlier run may have used
     # another catalog folder). A bad file or an unknown id stops here, before anything runs.
-    caps = sorted(load_catalog(profile.catalog_dir or None))
+    catalog = load_catalog(profile.catalog_dir or None)
+    caps = sorted(catalog)
     if capabilities:
         unknown = sorted(set(capabilities) - set(caps))
         if unknown:
             raise CapabilityError(f"unknown capabilities {', '.join(unknown)} (the catalog has: {', '.join(caps)})")
         caps = [c for c in caps if c in capabilities]
+    generator = generator or GeneratorResource.from_env()
+    check = getattr(generator.build(), "unsupported", None)
+    refused = [why for c in caps if check is not None and (why := check(catalog[c]))]
+    if refused:
+        raise CapabilityError("the generator cannot draft these capabilities:\n  " + "\n  ".join(refused))
     res = resources(profile, lake, generator)
     timings: dict[str, float] = {}
 

@@ -29,7 +29,7 @@ def capability_specs(context: AssetExecutionContext, lake: LakeResource, profile
     rows = [{"capability_id": c.id, "title": c.title, "services": c.services, "tools": c.tools, "multi_turn": c.multi_turn,
              "heldout": c.heldout, "composer": c.composer, "fingerprint": c.fingerprint(),
              "yaml": open(f"{folder}/{c.id}.yaml", encoding="utf-8").read()} for c in caps.values()]
-    df = pl.DataFrame(rows)
+    df = pl.DataFrame(rows).with_columns(pl.col("composer").cast(pl.String))  # all None: a model-only catalog
     new = [k for k in caps if not context.instance.has_dynamic_partition("capability", k)]
     if new:
         context.instance.add_dynamic_partitions("capability", new)

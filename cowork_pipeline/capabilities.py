@@ -55,7 +55,9 @@ class Capability(BaseModel):
     services: list[str] = Field(min_length=1)
     tools: list[str] = Field(min_length=1)
     multi_turn: bool = False
-    composer: str  # the embedded generator's composer for this capability
+    # The embedded generator's composer for this capability; None for a capability only a model drafts
+    # (the LLM backend works from the rest of the spec).
+    composer: str | None = None
     difficulty: Difficulty = Field(default_factory=Difficulty)
     safety: list[SafetyConstraint] = Field(default_factory=list)
     heldout: bool = False  # a held-out capability: never contributes to training

@@ -275,3 +275,22 @@ def test_explicitly_tagged_bad_values_name_their_line(bad, line):
     # PyYAML's constructors raise bare ValueError/IndexError/KeyError for these; they must surface as CapabilityError.
     msg = _error(_replace_line(line, bad))
     assert msg.startswith(f"catalog/my_cap.yaml:{line}: invalid YAML"), msg
+
+
+def test_capability_guide_matches_the_schema_and_the_tool_registry():
+    """docs/capabilities.md is what users write YAML from: every field, safety kind, service and tool is there."""
+    import re
+    from pathlib import Path
+
+    from cowork_pipeline.capabilities import SAFETY_KINDS, Capability, Difficulty
+    from cowork_pipeline.services import REGISTRY, SERVICES
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "capabilities.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z_.]+)` \|", guide, flags=re.M))
+    fields = {f for f in Capability.model_fields if f != "difficulty"} | {f"difficulty.{f}" for f in Difficulty.model_fields}
+    assert fields <= documented, sorted(fields - documented)
+    assert set(SAFETY_KINDS) <= documented
+    table = {m.group(1): m.group(2).split(", ") for m in re.finditer(r"^\| ([a-z]+) \| ([a-z_, ]+) \|$", guide, flags=re.M)
+             if m.group(1) in SERVICES}
+    expected = {s: [n for n, t in REGISTRY.items() if t.service == s and not t.hidden] for s in SERVICES}
+    assert table == expected, "the services table of docs/capabilities.md is out of date"

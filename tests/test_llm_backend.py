@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cowork_pipeline.capabilities import load_catalog
+from cowork_pipeline.capabilities import CATALOG_DIR, Capability, load_catalog
 from cowork_pipeline.spec import EnvironmentSpec, canonical_json
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.synthesis.embedded import EmbeddedBackend
@@ -375,6 +375,15 @@ def test_response_cache_replays_answers_and_never_stores_errors(llm, cap, good_d
     assert not list(cache.rglob("*.tmp"))
 
 
+def test_a_capability_without_composer_is_drafted_by_a_model_and_refused_by_the_embedded_backend(llm, cap, good_doc, validator):
+    model_only = Capability.model_validate({**cap.model_dump(), "composer": None})
+    with pytest.raises(ValueError, match="no embedded composer: draft it with an LLM generator"):
+        synthesize(EmbeddedBackend(), validator, model_only, [0, 1])
+    llm.script(completion(json.dumps(good_doc)))
+    (out,) = synthesize(llm.backend(), validator, model_only, [3], max_rounds=0)
+    assert out.accepted and len(llm.requests) == 1
+
+
 # ---- 4. versioned prompts -----------------------------------------------------------------
 def test_prompts_are_versioned_and_hashed(llm, cap, good_doc):
     llm.script(completion(json.dumps(lax_doc(good_doc))), completion(json.dumps(good_doc)))
@@ -447,11 +456,17 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     from cowork_pipeline.lake import Lake, LakeError
 
     llm.responder, llm.delay_s = prose_then_good(good_doc), 0.2
+    # The user's own catalog, with a capability only a model can draft (no embedded composer).
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    own = (CATALOG_DIR / "invoice_reconcile.yaml").read_text()
+    assert "\ncomposer: invoice_reconcile\n" in own
+    (catalog / "invoice_reconcile.yaml").write_text(own.replace("\ncomposer: invoice_reconcile\n", "\n"))
     home = tmp_path / "home"
     monkeypatch.setenv("COWORK_HOME", str(home))
     monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster_home"))
     monkeypatch.setenv("COWORK_TEST_LLM_KEY", "sk-from-env")
-    argv = ["--home", str(home), "run", "--profile", "smoke", "--capabilities", "invoice_reconcile", "--envs-per-capability", "3",
+    argv = ["--home", str(home), "run", "--profile", "smoke", "--catalog", str(catalog), "--envs-per-capability", "3",
             "--until", "validated_environments", "--generator", "llm", "--base-url", f"http://127.0.0.1:{llm.port}/v1",
             "--model", MODEL, "--api-key-env", "COWORK_TEST_LLM_KEY", "--concurrency", "2"]
     rc = main(argv)
@@ -462,6 +477,8 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     assert {r["body"]["model"] for r in llm.requests} == {MODEL}
 
     lake = Lake(str(home / "lake"))
+    specs, _ = lake.read_promoted("capability_specs")
+    assert specs["capability_id"].to_list() == ["invoice_reconcile"] and specs["composer"].to_list() == [None]
     envs, _ = lake.read_promoted("validated_environments")
     assert sorted(envs["env_id"]) == [f"invoice_reconcile-00000{i}" for i in range(3)]
     assert set(envs["generator_backend"]) == {"llm"} and set(envs["kill_rate"]) == {1.0}
@@ -540,6 +557,11 @@ def test_cowork_run_rejects_bad_options_before_running(tmp_path, monkeypatch, ca
 
     rc, err = run("--catalog", str(catalog))
     assert rc == 2 and "broken.yaml:3: invalid YAML" in err, err  # file and line
+    (catalog / "broken.yaml").unlink()
+    own = (CATALOG_DIR / "invoice_reconcile.yaml").read_text()
+    (catalog / "model_only.yaml").write_text(own.replace("id: invoice_reconcile", "id: model_only").replace("\ncomposer: invoice_reconcile\n", "\n"))
+    rc, err = run("--catalog", str(catalog))
+    assert rc == 2 and "'model_only' has no embedded composer: draft it with an LLM generator" in err, err
     rc, err = run("--capabilities", "invoice_reconcile,no_such_capability")
     assert rc == 2 and "unknown capabilities no_such_capability" in err and "invoice_reconcile" in err
     rc, err = run("--generator", "llm", "--model", MODEL)

@@ -47,3 +47,6 @@ class GeneratorBackend(Protocol):
     def draft(self, capability: Capability, seed: int) -> Draft: ...
 
     def revise(self, draft: Draft, diagnostics: list[Diagnostic]) -> Draft: ...
+
+    # Optional: ``unsupported(capability) -> str | None``, why a capability cannot be drafted at all, and
+    # ``concurrency: int``, how many draft/revise calls may run at once (see ``repair.synthesize``).

@@ -117,10 +117,21 @@ class EmbeddedBackend:
         knobs, changes = repair_knobs(draft, diagnostics)
         return self._compose(draft.capability, draft.seed, knobs, attempt=draft.attempt + 1, changes=changes)
 
+    def unsupported(self, capability: Capability) -> str | None:
+        """Why this backend cannot draft ``capability`` at all (None when it can): checked once before a
+        capability's drafts, so the reason is one clear error instead of a rejected draft per seed."""
+        if capability.composer is None:
+            return (f"capability '{capability.id}' has no embedded composer: draft it with an LLM generator "
+                    f"(cowork run --generator llm ...), or name one of {sorted(COMPOSERS)}")
+        if capability.composer not in COMPOSERS:
+            return f"capability '{capability.id}': unknown composer '{capability.composer}' (known: {sorted(COMPOSERS)})"
+        return None
+
     def _compose(self, cap: Capability, seed: int, knobs: dict[str, Any], attempt: int, changes: list[str]) -> Draft:
-        fn = COMPOSERS.get(cap.composer)
-        if fn is None:
-            raise KeyError(f"capability '{cap.id}': unknown composer '{cap.composer}' (known: {sorted(COMPOSERS)})")
+        why = self.unsupported(cap)
+        if why is not None:
+            raise ValueError(why)
+        fn = COMPOSERS[cap.composer]
         ctx = Ctx(cap, seed, knobs)
         comp = fn(ctx)
         spec = finish(ctx, comp, attempt)

@@ -61,7 +61,12 @@ def synthesize(backend: GeneratorBackend, validator: Validator, capability: Capa
     """Draft one environment per seed and repair each up to ``max_rounds`` times.
 
     A backend with ``concurrency`` > 1 (a remote model: its latency dominates) gets that many draft or
-    revise requests in flight at once; outcomes and attempts are the same, in the same order, either way."""
+    revise requests in flight at once; outcomes and attempts are the same, in the same order, either way.
+    A backend that cannot draft the capability at all (``unsupported``) raises ValueError before any draft."""
+    check = getattr(backend, "unsupported", None)
+    why = check(capability) if check is not None else None
+    if why:
+        raise ValueError(why)
     outcomes = [Outcome(capability.id, s) for s in seeds]
     drafts = _call_all(backend, [partial(_safe, partial(backend.draft, capability, o.seed), capability, o.seed, backend)
                                  for o in outcomes])
