@@ -18,8 +18,9 @@ Three mechanisms, all **stopped by default** (nothing runs by itself after `cowo
 ``nightly_regeneration`` (cron ``0 3 * * *`` UTC)
     Requests one ``synthesize_capability`` run per partition that is *missing* (no promoted synthesis) or
     *stale*: its promoted ``repair_telemetry`` row was written by another code version than the configured
-    generator's (``GeneratorResource.code_version()``: generator, model and prompt version, validator), or from a capability fingerprint other than the one in today's promoted
-    ``capability_specs`` (read by time travel at the ``capability_specs`` version the row recorded). The
+    generator's (``GeneratorResource.code_version()``: generator, model and prompt version, validator), or
+    from a capability fingerprint other than the one in today's promoted ``capability_specs`` (read by
+    time travel at the ``capability_specs`` version the row recorded). The
     selection is :func:`plan_regeneration`, a pure function. Catalog files that differ from the promoted
     ``capability_specs`` are reported; refreshing the specs is the sensor's job (a run of
     ``capability_specs_job``), after which those partitions count as stale.
@@ -50,13 +51,11 @@ import dagster as dg
 from assets.synthesis import SYNTH_TABLES, capability_partitions
 from cowork_pipeline.capabilities import CATALOG_DIR, CapabilityError, load_capability
 from cowork_pipeline.lake import Lake, LakeError
-from cowork_pipeline.synthesis.embedded import GENERATOR_VERSION
-from cowork_pipeline.validation.certify import VALIDATOR_VERSION
 from resources import GeneratorResource, LakeResource, ProfileResource
 
 # The synthesis assets' code version with the default (embedded) generator; with another generator the
 # sensor and the schedule compare against ``GeneratorResource.code_version()``, which the assets record.
-SYNTH_CODE_VERSION = f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}"
+SYNTH_CODE_VERSION = GeneratorResource().code_version()
 PARTITIONS = "capability"
 
 capability_specs_job = dg.define_asset_job(

@@ -60,7 +60,7 @@ def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterIn
             raise CapabilityError(f"unknown capabilities {', '.join(unknown)} (the catalog has: {', '.join(caps)})")
         caps = [c for c in caps if c in capabilities]
     generator = generator or GeneratorResource.from_env()
-    check = getattr(generator.build(), "unsupported", None)
+    check = getattr(generator.build(), "unsupported", None) if last > 0 else None
     refused = [why for c in caps if check is not None and (why := check(catalog[c]))]
     if refused:
         raise CapabilityError("the generator cannot draft these capabilities:\n  " + "\n  ".join(refused))

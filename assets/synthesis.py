@@ -12,9 +12,8 @@ from assets.order import SYNTHESIS
 from cowork_pipeline.capabilities import CATALOG_DIR, load_catalog, parse_capability
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
-from cowork_pipeline.synthesis.embedded import GENERATOR_VERSION
 from cowork_pipeline.synthesis.tables import run_synthesis
-from cowork_pipeline.validation.certify import VALIDATOR_VERSION, Validator
+from cowork_pipeline.validation.certify import Validator
 from resources import GeneratorResource, LakeResource, ProfileResource
 
 capability_partitions = dg.DynamicPartitionsDefinition(name="capability")
@@ -63,7 +62,7 @@ def _synth_suites(max_rounds: int) -> dict[str, list[Expect]]:
 @dg.multi_asset(
     specs=[dg.AssetSpec(t, deps=["capability_specs"], group_name="synthesis", partitions_def=capability_partitions,
                         # the definitions' version (default generator); rows record the generator actually used
-                        code_version=f"{GENERATOR_VERSION}+{VALIDATOR_VERSION}") for t in SYNTH_TABLES],
+                        code_version=GeneratorResource().code_version()) for t in SYNTH_TABLES],
     check_specs=[check_spec(t, "GX suite; rows are promoted only when it passes") for t in SYNTH_TABLES],
     partitions_def=capability_partitions, can_subset=False,
 )

@@ -19,8 +19,8 @@ the model's raw answer (``draft.raw``), response metadata (``knobs["response"]``
 
 With ``cache_dir``, answers are kept on disk by request (:class:`ResponseCache`): the same prompt,
 model and sampling settings are answered from there (``knobs["cache_hit"]``, zero tokens spent), so
-re-running a partition, or re-certifying after a validator change, costs nothing and drafts the same
-environments.
+re-running a partition costs nothing and drafts the same environments (after a validator change, only
+revisions that answer new diagnostics are new requests).
 """
 from __future__ import annotations
 
@@ -511,17 +511,17 @@ class LLMBackend:
             payload["response_format"] = {"type": "json_object"}
         if self.max_tokens:
             payload["max_tokens"] = self.max_tokens
-        key = self.cache.key(self.url, payload) if self.cache is not None else ""
-        if self.cache is not None:
-            hit = self.cache.get(key)
-            if hit is not None:
-                return hit, 0
+        if self.cache is None:
+            return self._send(payload)
+        key = self.cache.key(self.url, payload)  # before _send, which may drop response_format
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit, 0
         body, attempts = self._send(payload)
-        if self.cache is not None:
-            try:
-                self.cache.put(key, body)
-            except OSError:  # a cache that cannot be written costs a later re-run, never this answer
-                pass
+        try:
+            self.cache.put(key, body)
+        except OSError:  # a cache that cannot be written costs a later re-run, never this answer
+            pass
         return body, attempts
 
     def _send(self, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
