@@ -61,8 +61,9 @@ def _synth_suites(max_rounds: int) -> dict[str, list[Expect]]:
 
 @dg.multi_asset(
     specs=[dg.AssetSpec(t, deps=["capability_specs"], group_name="synthesis", partitions_def=capability_partitions,
-                        # the definitions' version (default generator); rows record the generator actually used
-                        code_version=GeneratorResource().code_version()) for t in SYNTH_TABLES],
+                        # the configured generator's (`cowork ui` sets it in the code location's environment), so
+                        # code_version_changed() sees a generator switch; rows record the generator actually used
+                        code_version=GeneratorResource.from_env().code_version()) for t in SYNTH_TABLES],
     check_specs=[check_spec(t, "GX suite; rows are promoted only when it passes") for t in SYNTH_TABLES],
     partitions_def=capability_partitions, can_subset=False,
 )

@@ -579,7 +579,8 @@ def test_cowork_run_rejects_bad_options_before_running(tmp_path, monkeypatch, ca
 
 def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
     """`cowork ui --generator llm ...`: the code location (another process, as `dagster dev` starts it)
-    builds its definitions with that generator, so launched runs, the sensors and the schedule use it."""
+    builds its definitions with that generator, so launched runs, the sensors and the schedule use it, and
+    the synthesis assets' code version is that generator's (declarative automation sees a switch)."""
     import subprocess
     import sys
 
@@ -590,11 +591,14 @@ def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
                        "--api-key-env", "MY_KEY", "--concurrency", "5", "--no-llm-cache"])
     env = ui_environment(args)
     probe = ("import json\nfrom assets.definitions import defs\ng = defs.resources['generator']\nb = g.build()\n"
-             "print(json.dumps([g.backend, b.url, b.model, b.concurrency, b.cache is None, g.api_key_env]))")
+             "a = defs.resolve_assets_def('validated_environments')\n"
+             "print(json.dumps([g.backend, b.url, b.model, b.concurrency, b.cache is None, g.api_key_env,\n"
+             "                  [v for k, v in a.code_versions_by_key.items() if k.to_user_string() == 'validated_environments']]))")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
                          cwd=str(Path(__file__).resolve().parents[1]))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["llm", "http://127.0.0.1:9/v1/chat/completions", MODEL, 5, True, "MY_KEY"]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["llm", "http://127.0.0.1:9/v1/chat/completions", MODEL, 5, True, "MY_KEY",
+                                                               [f"llm-1/{MODEL}/v1+certify-1"]]  # the asset's code version too
     assert env["COWORK_HOME"] == str(home) and env["COWORK_LAKE"] == os.environ.get("COWORK_LAKE", str(home / "lake"))
 
     # Without generator flags the code location keeps the embedded default; a bad URL never starts it.
