@@ -606,3 +606,24 @@ def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
     assert plain["COWORK_GENERATOR"] == "embedded"
     with pytest.raises(ValueError, match="must be an http"):
         ui_environment(parse_args(["--home", str(home), "ui", "--generator", "llm", "--base-url", "nope", "--model", MODEL]))
+
+
+def test_generator_resource_passes_every_option_to_the_backend(tmp_path, monkeypatch):
+    from resources import GeneratorResource
+
+    monkeypatch.setenv("MY_KEY", "sk-env")
+    g = GeneratorResource(backend="llm", base_url="http://127.0.0.1:9/v1", model=MODEL, api_key_env="MY_KEY", concurrency=3,
+                          temperature=0.7, timeout_s=30, max_retries=5, max_tokens=2048, json_mode=False, cache_dir=str(tmp_path))
+    b = g.build()
+    assert (b.api_key, b.concurrency, b.temperature, b.timeout_s, b.max_retries, b.max_tokens, b.json_mode) == (
+        "sk-env", 3, 0.7, 30, 5, 2048, False)
+    assert b.cache is not None and b.cache.folder == tmp_path
+    assert GeneratorResource(backend="llm", base_url="http://127.0.0.1:9/v1", model=MODEL, api_key="sk-explicit").build().api_key == "sk-explicit"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert GeneratorResource(backend="llm", base_url="http://127.0.0.1:9/v1", model=MODEL, response_cache=False).build().api_key is None
+    with pytest.raises(ValueError, match="needs base_url and model"):
+        GeneratorResource(backend="llm", model=MODEL).build()
+    with pytest.raises(ValueError, match="unknown generator backend"):
+        GeneratorResource(backend="gpt").build()
+    with pytest.raises(ValueError, match="COWORK_LLM_CONCURRENCY"):
+        GeneratorResource.from_env({"COWORK_GENERATOR": "llm", "COWORK_LLM_CONCURRENCY": "many"})
