@@ -118,7 +118,7 @@ class ProfileResource(dg.ConfigurableResource):
 
     name: str = "default"
     catalog_dir: str = ""  # empty: the catalog shipped with the package
-    envs_per_capability: int = 64
+    envs_per_capability: int = 0  # seeds drafted per capability; 0: each capability's own `environments` (default 64)
     max_repair_rounds: int = 3
     validation_fault_rate: float = 0.25
     sandbox_workers: int = 1
@@ -156,6 +156,10 @@ class ProfileResource(dg.ConfigurableResource):
     rl_group_size: int = 4
     rl_envs: int = 4
     seed: int = 0
+
+    def seeds_for(self, capability: Any) -> range:
+        """The seeds drafted for ``capability``: the profile's count when it sets one, else the capability's."""
+        return range(self.envs_per_capability or capability.environments)
 
 
 SMOKE_PROFILE = dict(name="smoke", envs_per_capability=4, demos_per_capability=2, eval_envs_per_capability=2, eval_trials=2, sft_epochs=1.0,

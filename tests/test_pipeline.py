@@ -156,3 +156,28 @@ def test_partition_rerun_is_idempotent_and_leaves_other_partitions_untouched(smo
     other_after = after.filter(pl.col("capability_id") != "invoice_reconcile").sort("env_id")
     assert other_after["_run_id"].to_list() == other_before["_run_id"].to_list()  # untouched
     assert other_after["spec_hash"].to_list() == other_before["spec_hash"].to_list()
+
+
+def test_each_capability_drafts_its_own_number_of_environments_unless_the_profile_says(tmp_path, monkeypatch):
+    """A capability's ``environments`` sets its seeds; a profile's ``envs_per_capability`` overrides it for all."""
+    from cowork_pipeline.capabilities import CATALOG_DIR
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    for cap_id, n in (("invoice_reconcile", 2), ("schedule_meeting", 3)):
+        text = (CATALOG_DIR / f"{cap_id}.yaml").read_text()
+        assert "\nenvironments:" not in text
+        (catalog / f"{cap_id}.yaml").write_text(text + f"environments: {n}\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    instance = ensure_home(tmp_path / "dagster_home")
+
+    def drafted(profile: ProfileResource, lake_dir: str) -> dict[str, int]:
+        lake_res = LakeResource(root=str(tmp_path / lake_dir))
+        run_all(profile, lake_res, instance, log=lambda _: None, until="validated_environments")
+        drafts, _ = lake_res.lake().read_promoted("environment_drafts")
+        firsts = drafts.filter(pl.col("round") == 0)
+        return dict(firsts.group_by("capability_id").len().sort("capability_id").iter_rows())
+
+    assert drafted(ProfileResource(name="own-counts", catalog_dir=str(catalog)), "lake1") == {"invoice_reconcile": 2, "schedule_meeting": 3}
+    assert drafted(ProfileResource(name="override", catalog_dir=str(catalog), envs_per_capability=1), "lake2") == {
+        "invoice_reconcile": 1, "schedule_meeting": 1}
