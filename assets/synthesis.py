@@ -81,7 +81,8 @@ def synthesized_environments(context: AssetExecutionContext, lake: LakeResource,
     backend = generator.build()
     with Sandbox(workers=profile.sandbox_workers) as sandbox:
         validator = Validator(sandbox, fault_rate=profile.validation_fault_rate)
-        out = run_synthesis(cap, profile.seeds_for(cap), backend, validator, max_rounds=profile.max_repair_rounds)
+        out = run_synthesis(cap, profile.seeds_for(cap), backend, validator, max_rounds=profile.max_repair_rounds,
+                            log=context.log.info)
     tel = out.telemetry
     tel_df = pl.DataFrame([{"capability_id": cap_id, "drafts": tel["drafts"], "accepted": tel["accepted"],
                             "survival_rate": tel["survival_rate"], "first_pass_rate": tel["first_pass_rate"],

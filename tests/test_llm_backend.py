@@ -328,7 +328,10 @@ def test_repair_loop_keeps_requests_in_flight_with_the_same_outcomes(llm, cap, g
     are the same as one request at a time."""
     seeds = [0, 1, 2, 3, 4, 5]
     llm.responder, llm.delay_s = prose_then_good(good_doc), 0.2
-    together = synthesize(llm.backend(concurrency=3), validator, cap, seeds, max_rounds=2)
+    progress: list[str] = []
+    together = synthesize(llm.backend(concurrency=3), validator, cap, seeds, max_rounds=2, log=progress.append)
+    assert [line.split(" (")[0] for line in progress] == [  # one line per round: what a user watches
+        "invoice_reconcile round 0: 3/6 certified, revising 3", "invoice_reconcile round 1: 3/3 certified, done"]
     assert 2 <= llm.max_in_flight <= 3, llm.max_in_flight
     assert len(llm.requests) == 9  # 6 drafts + 3 revisions
     llm.requests.clear()

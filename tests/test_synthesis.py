@@ -535,8 +535,11 @@ class StuckBackend:
 def test_unfixable_backend_ends_rejected_with_reasons(backend, validator, repair_outcomes):
     broken = next(o for o in repair_outcomes if not o.attempts[0].certification.certified)
     stuck = StuckBackend(backend)
-    [o] = synthesize(stuck, validator, CATALOG[broken.capability_id], [broken.seed], max_rounds=2)
+    progress: list[str] = []
+    [o] = synthesize(stuck, validator, CATALOG[broken.capability_id], [broken.seed], max_rounds=2, log=progress.append)
     assert not o.accepted and o.rounds == 2 and len(o.attempts) == 3 and stuck.revisions == 2
+    assert [line.split(": ", 1)[1].split(" (")[0] for line in progress] == [
+        "0/1 certified, revising 1", "0/1 certified, revising 1", "0/1 certified, 1 rejected"]
     first = {d.code for d in broken.attempts[0].certification.diagnostics}
     reasons = o.rejection_reasons()
     assert reasons and {d.code for d in reasons} == first

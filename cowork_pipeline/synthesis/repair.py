@@ -57,17 +57,19 @@ class Outcome:
 
 
 def synthesize(backend: GeneratorBackend, validator: Validator, capability: Capability, seeds: Sequence[int],
-               max_rounds: int = 3, batch: int = 64) -> list[Outcome]:
+               max_rounds: int = 3, batch: int = 64, log: Callable[[str], None] | None = None) -> list[Outcome]:
     """Draft one environment per seed and repair each up to ``max_rounds`` times.
 
     A backend with ``concurrency`` > 1 (a remote model: its latency dominates) gets that many draft or
     revise requests in flight at once; outcomes and attempts are the same, in the same order, either way.
-    A backend that cannot draft the capability at all (``unsupported``) raises ValueError before any draft."""
+    A backend that cannot draft the capability at all (``unsupported``) raises ValueError before any draft.
+    ``log`` receives one line per round (a model's rounds take minutes: this is the progress a user sees)."""
     check = getattr(backend, "unsupported", None)
     why = check(capability) if check is not None else None
     if why:
         raise ValueError(why)
     outcomes = [Outcome(capability.id, s) for s in seeds]
+    t_round = time.perf_counter()
     drafts = _call_all(backend, [partial(_safe, partial(backend.draft, capability, o.seed), capability, o.seed, backend)
                                  for o in outcomes])
     pending = list(zip(outcomes, drafts))
@@ -84,6 +86,11 @@ def synthesize(backend: GeneratorBackend, validator: Validator, capability: Capa
                 o.attempts.append(Attempt(d, c, per + d.cost.get("seconds", 0.0)))
                 if not c.certified and round_ < max_rounds:
                     failed.append((o, d, c))
+        if log is not None:
+            certified = sum(o.accepted for o, _ in pending)
+            rest = f"revising {len(failed)}" if failed else f"{len(pending) - certified} rejected" if certified < len(pending) else "done"
+            log(f"{capability.id} round {round_}: {certified}/{len(pending)} certified, {rest} ({time.perf_counter() - t_round:.1f} s)")
+            t_round = time.perf_counter()
         revised = _call_all(backend, [partial(_safe, partial(backend.revise, d, c.diagnostics), capability, o.seed, backend,
                                               d.attempt + 1) for o, d, c in failed])
         pending = [(o, r) for (o, _, _), r in zip(failed, revised)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import polars as pl
 
@@ -40,8 +40,8 @@ class SynthesisTables:
 
 
 def run_synthesis(capability: Capability, seeds: Sequence[int], backend: GeneratorBackend, validator: Validator,
-                  max_rounds: int = 3) -> SynthesisTables:
-    outcomes = synthesize(backend, validator, capability, seeds, max_rounds=max_rounds)
+                  max_rounds: int = 3, log: Callable[[str], None] | None = None) -> SynthesisTables:
+    outcomes = synthesize(backend, validator, capability, seeds, max_rounds=max_rounds, log=log)
     return tables_from(capability, outcomes, backend)
 
 
