@@ -578,6 +578,21 @@ def test_error_messages_name_the_problem() -> None:
                                                                      "attendees": [], "timezone": "Europe"}).error["message"]
 
 
+def test_addresses_are_case_insensitive() -> None:
+    """An address written in any case reaches the same person and is stored in lower case (as the
+    world's records are), so checkers and searches see one spelling; the caller's arguments are kept."""
+    ws = new_ws()
+    args = {"to": ["Bob@Globex.EXAMPLE"], "cc": [CAROL.upper()], "subject": "s", "body": "b"}
+    res = ws.call("mail_send", args)
+    assert res.ok
+    sent = ws.state()["mail.messages"][res.value["id"]]
+    assert sent["to"] == [BOB] and sent["cc"] == [CAROL]
+    assert args["to"] == ["Bob@Globex.EXAMPLE"], "the caller's dict was edited"
+    res = ws.call("tasks_create", {"title": "t", "assignee": CAROL.title()})
+    assert res.ok and ws.state()["tasks.tasks"][res.value["id"]]["assignee"] == CAROL
+    assert_error(ws.call("mail_send", {"to": ["NOT AN ADDRESS"], "subject": "s", "body": "b"}), "invalid_arguments")
+
+
 def test_unknown_tool() -> None:
     ws = new_ws()
     assert_error(ws.call("mail_teleport", {}), "unknown_tool")

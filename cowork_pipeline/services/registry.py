@@ -90,12 +90,14 @@ class Tool:
     # hot-path caches: required names in declaration order; params any str satisfies
     _required: tuple[str, ...] = field(default=(), compare=False, repr=False)
     _plain_str: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    _emails: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_name.update({p.name: p for p in self.params})
         object.__setattr__(self, "_required", tuple(p.name for p in self.params if p.required))
         object.__setattr__(self, "_plain_str", frozenset(
             p.name for p in self.params if p.type == "string" and p.enum is None and p.format is None))
+        object.__setattr__(self, "_emails", tuple(p.name for p in self.params if p.format == "email"))
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -132,7 +134,26 @@ class Tool:
         for name in self._required:
             if name not in args:
                 raise ToolError("invalid_arguments", f"{self.name}: missing required argument '{name}'")
-        return args
+        return _lower_emails(args, self._emails) if self._emails else args
+
+
+def _lower_emails(args: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """Addresses are case-insensitive: store them in lower case, as the world's records are, so
+    'Mateo.Smith@Globex.example' reaches the same person (and passes the same checks). The
+    caller's dict is never edited (a program's steps are shared between episodes)."""
+    out = args
+    for name in names:
+        v = args.get(name)
+        if isinstance(v, str):
+            low = v.lower()
+        elif isinstance(v, list):
+            low = [x.lower() for x in v]
+        else:
+            continue
+        if low != v:
+            out = dict(out) if out is args else out
+            out[name] = low
+    return out
 
 
 def _check_value(tool: str, p: Param, value: Any) -> None:
