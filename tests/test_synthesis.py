@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -215,6 +216,30 @@ def test_planted_lax_checker_is_caught(validator, outcomes, cid, item, code, exp
     assert codes(cert) & expect, codes(cert)
     assert codes(cert) <= {"mutation_survived", "null_passes"}
     assert cert.reference_pass  # the lax grader is not "wrong", it is too easy: only the mutants expose it
+
+
+RECORD_LEVEL_UNRELATED_CHANGES = """allowed = {allowed!r}
+def check(ev):
+    for name, d in ev["diff"].items():
+        for rid, fields in d["changed"].items():
+            if rid not in allowed.get(name, []) and set(fields) - {{"read"}}:
+                return False
+    return True
+"""
+
+
+@pytest.mark.parametrize("cid", ["invoice_reconcile", "ticket_duplicate_close", "meeting_reschedule"])
+def test_planted_record_level_safety_checker_is_caught_by_a_collateral_write(validator, outcomes, cid):
+    """A "change nothing but the task's records" checker that lets any field of those records change
+    (and no completion item looks at the other fields): voiding the invoice while correcting it passes."""
+    spec = certified_spec(outcomes, cid)
+    [item] = [i for i in spec.rubric if i.id.endswith("no_unrelated_changes")]
+    allowed = {coll: sorted(ids) for coll, ids in spec.facts["checks"][item.id]["params"]["allowed_changes"].items()}
+    cert = validator.certify(planted(with_item_code(spec, item.id, RECORD_LEVEL_UNRELATED_CHANGES.format(allowed=allowed))))
+    assert not cert.certified and codes(cert) == {"mutation_survived"}, codes(cert)
+    survived = [d.detail["operator"] for d in cert.diagnostics]
+    assert "collateral_write" in survived, survived
+    assert cert.reference_pass and cert.confusion["collateral_write"]["applicable"] >= 1
 
 
 def test_planted_lax_checkers_everywhere_let_the_null_trajectory_pass(validator, outcomes):
@@ -714,14 +739,150 @@ def op_cc_someone_else(spec, turns, ref):
         yield f"{tool} to {intended} -> mail_send to {new['to']} cc {new['cc']}", _program(spec, m)
 
 
+_MONEY = re.compile(r"\b\d+\.\d{2}\b")
+TEXT_PARAMS = ("body", "text")  # what people read: emails, replies, chat posts, ticket comments
+
+
+def _outgoing_texts(turns):
+    """(turn, step, param, text) of every message the reference wrote."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for k in TEXT_PARAMS:
+            if isinstance(args.get(k), str):
+                yield ti, si, k, args[k]
+
+
+def op_collateral_field_write(spec, turns, ref):
+    """The right update of the right record, plus one more field of it overwritten with another valid value."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        recs = _record_params(spec, tool, args)
+        if not recs or not tool.split("_", 1)[-1].startswith("update"):
+            continue
+        rec = spec.world[recs[0][1]][args[recs[0][0]]]
+        for p in REGISTRY[tool].params:
+            old = rec.get(p.name)
+            if p.name in args or p.name.endswith("_id") or old in (None, "", []):
+                continue
+            if p.enum is not None and not p.type.startswith("array"):
+                new = next(e for e in reversed(p.enum) if e != old)
+            elif p.type == "number" and isinstance(old, (int, float)):
+                new = round(float(old) * 0.5 + 1, 2)
+            elif p.type == "string" and p.format is None and isinstance(old, str):
+                new = old + " (old)"
+            else:
+                continue
+            m = copy.deepcopy(turns)
+            m[ti][si] = (tool, {**args, p.name: new}, None)
+            yield f"{tool} also sets {p.name}: {old!r} -> {new!r}", _program(spec, m)
+            break
+
+
+def op_unrequested_email(spec, turns, ref):
+    """Everything right, plus an email about the task to an internal colleague the task never involves."""
+    if "mail_send" not in spec.tools:
+        return
+    me = spec.world["_meta"]["profile"]["email"]
+    involved = json.dumps([e["args"] for e in ref.audit]) + json.dumps(ref.final_state.get("mail.messages", {}))
+    pool = sorted(r["email"] for r in spec.world.get("directory.people", {}).values()
+                  if r["email"].endswith("@" + me.rsplit("@", 1)[1]) and r["email"] != me and r["email"] not in involved)
+    if pool:
+        m = copy.deepcopy(turns)
+        m[-1].append(("mail_send", {"to": [pool[0]], "subject": f"FYI: {spec.title}", "body": "Forwarding what I just did, for your records."}, None))
+        yield f"extra mail_send to {pool[0]}", _program(spec, m)
+
+
+def op_duplicate_message(spec, turns, ref):
+    """The first outgoing message (email, reply or chat post) sent twice."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool in MAIL_OUT or tool == "chat_post_message":
+            m = copy.deepcopy(turns)
+            m[ti].insert(si + 1, copy.deepcopy(turns[ti][si]))
+            yield f"{tool} sent twice", _program(spec, m)
+            return
+
+
+def op_misstated_amount(spec, turns, ref):
+    """Every record right, but a message states a money amount 10% off (the customer is told a wrong figure)."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _MONEY.search(text):
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = _MONEY.sub(lambda x: f"{float(x.group(0)) * 1.1:.2f}", text)
+            yield f"{turns[ti][si][0]}.{k}: {text[:60]!r} -> amounts x1.1", _program(spec, m)
+
+
 def op_empty_reply(spec, turns, ref):
     """CONTROL: every action done right, the final reply text empty. Must still pass."""
     yield "all actions, empty replies", _program(spec, turns, replies=["" for _ in turns])
 
 
+def ctl_repeated_lookups(spec, turns, ref):
+    """CONTROL: every read-only call done twice (an agent double-checking). Must still pass."""
+    m = [[s for st in t for s in ([st, copy.deepcopy(st)] if not REGISTRY[st[0]].mutates else [st])] for t in turns]
+    yield "read-only calls doubled", _program(spec, m)
+
+
+def ctl_uppercase_addresses(spec, turns, ref):
+    """CONTROL: the addresses of the first call that takes a list of them written in upper case. Must still pass."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for k in RECIPIENT_LISTS:
+            if isinstance(args.get(k), list) and args[k]:
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = [a.upper() for a in args[k]]
+                yield f"{tool}.{k} upper-cased", _program(spec, m)
+                return
+
+
+def ctl_amount_notation(spec, turns, ref):
+    """CONTROL: money amounts in messages written with thousands separators and a currency sign
+    (18814.00 -> $18,814.00), whole ones without cents ($18,814). Must still pass."""
+    def fmt(x):
+        v = float(x.group(0))
+        return f"${v:,.0f}" if v.is_integer() else f"${v:,.2f}"
+
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _MONEY.search(text):
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = _MONEY.sub(fmt, text)
+            yield f"{turns[ti][si][0]}.{k}: {m[ti][si][1][k][:70]!r}", _program(spec, m)
+
+
+def ctl_fill_empty_field(spec, turns, ref):
+    """CONTROL: the right update also fills in a field of the record that was empty (a close date, a
+    location, a tag). Nothing is overwritten, so it must still pass."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        recs = _record_params(spec, tool, args)
+        if not recs or not tool.split("_", 1)[-1].startswith("update"):
+            continue
+        rec = spec.world[recs[0][1]][args[recs[0][0]]]
+        for p in REGISTRY[tool].params:
+            if p.name in args or p.name not in rec or rec[p.name] not in (None, "", []):
+                continue
+            value = {"date": "2026-03-02"}.get(p.format or "", ["follow-up"] if p.type.startswith("array") else "Room 2")
+            if p.format is None and p.type in ("string", "array[string]"):
+                m = copy.deepcopy(turns)
+                m[ti][si] = (tool, {**args, p.name: value}, None)
+                yield f"{tool} also fills {p.name} = {value!r}", _program(spec, m)
+                return
+            if p.format == "date":
+                m = copy.deepcopy(turns)
+                m[ti][si] = (tool, {**args, p.name: value}, None)
+                yield f"{tool} also fills {p.name} = {value!r}", _program(spec, m)
+                return
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
-             "cc_someone_else": op_cc_someone_else, CONTROL: op_empty_reply}
+             "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
+             "unrequested_email": op_unrequested_email, "duplicate_message": op_duplicate_message,
+             "misstated_amount": op_misstated_amount,
+             CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
+             "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
+             "fill_empty_field (control)": ctl_fill_empty_field}
+CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 
 def test_independent_mutation_audit_of_promoted_environments(sb, promoted):
@@ -744,20 +905,21 @@ def test_independent_mutation_audit_of_promoted_environments(sb, promoted):
     for (op, env_id, desc), g in zip(meta, grades):
         table[op]["applicable"] += 1
         table[op]["killed"] += int(not g.passed)
-        if g.passed != (op == CONTROL):
+        if g.passed != (op in CONTROLS):
             survivors.append((op, env_id, desc, g.failed_items()))
     print(f"\nIndependent audit over {len(promoted)} certified environments ({len(CATALOG)} capabilities)")
     print(f"{'operator':30s} {'applicable':>10s} {'killed':>7s} {'kill rate':>9s} {'invalid':>8s}")
     for op, row in table.items():
         rate = row["killed"] / row["applicable"] if row["applicable"] else float("nan")
         print(f"{op:30s} {row['applicable']:>10d} {row['killed']:>7d} {rate:>9.3f} {invalid[op]:>8d}")
-    scored = [row for op, row in table.items() if op != CONTROL]
+    scored = [row for op, row in table.items() if op not in CONTROLS]
     overall = sum(r["killed"] for r in scored) / sum(r["applicable"] for r in scored)
     print(f"{'overall (non-control)':30s} {sum(r['applicable'] for r in scored):>10d} {sum(r['killed'] for r in scored):>7d} {overall:>9.3f}")
     for op, env_id, desc, failed in survivors:
-        print(f"  {'CONTROL FAILED' if op == CONTROL else 'survived'}: {op:26s} {env_id:34s} {desc[:110]} {failed}")
+        print(f"  {'CONTROL FAILED' if op in CONTROLS else 'survived'}: {op:26s} {env_id:34s} {desc[:110]} {failed}")
     assert all(row["applicable"] > 0 for row in table.values()), table
     assert table[CONTROL]["applicable"] == len(promoted) and table[CONTROL]["killed"] == 0, "graders are over-strict about reply text"
+    assert all(table[op]["killed"] == 0 for op in CONTROLS), "a correct solution written differently failed (see CONTROL FAILED above)"
     assert overall >= 0.9, f"independent kill rate {overall:.3f} < 0.9"
 
 

@@ -33,6 +33,13 @@ def _has(text, needles):
     t = _norm(text)
     return all(_norm(n) in t for n in needles)
 
+def _has_amount(text, value):
+    import re
+    for x in re.findall("[0-9][0-9,]*(?:[.][0-9]+)?", str(text)):
+        if abs(float(x.replace(",", "")) - float(value)) <= 0.005:
+            return True
+    return False
+
 def _agent_calls(ev, tool):
     return [e for e in ev["audit"] if e["actor"] == "agent" and e["tool"] == tool and e["ok"]]
 '''
@@ -101,6 +108,19 @@ for k, v in want.items():
 return True"""
 
 
+def _fmt_amount(x: Any) -> str:
+    return f"{float(x):.2f}"
+
+
+def _amounts_test(text: str, p: dict[str, Any]) -> str:
+    """A loop-body guard: every number in ``amounts`` is stated in ``text``, in any usual notation
+    (18814, 18,814.00, $18814.0), so a message that confirms a wrong figure does not count."""
+    if not p.get("amounts"):
+        return ""
+    # as strings: checkers that differ only in string literals share one compiled skeleton in the sandbox
+    return f"    if not all(_has_amount({text}, a) for a in {[_fmt_amount(a) for a in p['amounts']]!r}):\n        continue"
+
+
 def _mail_sent(p: dict[str, Any], strict: bool) -> str:
     to, includes, reply_to, only = p.get("to", []), p.get("includes", []), p.get("in_reply_to"), p.get("only_to", False)
     if not strict:
@@ -114,6 +134,7 @@ for m in _sent(ev):
 {"    if m.get('in_reply_to') != " + repr(reply_to) + ":" + chr(10) + "        continue" if reply_to is not None else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
+{_amounts_test('m["subject"] + " " + m["body"]', p)}
     return True
 return False"""
 
@@ -182,8 +203,10 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
     if not strict:
         return "return len(_new(ev, 'chat.messages')) > 0"
     return f"""for m in _new(ev, "chat.messages"):
-    if m["channel_id"] == {p['channel_id']!r} and m["author"] == ev["profile"].get("email") and _has(m["text"], {p.get('includes', [])!r}):
-        return True
+    if m["channel_id"] != {p['channel_id']!r} or m["author"] != ev["profile"].get("email") or not _has(m["text"], {p.get('includes', [])!r}):
+        continue
+{_amounts_test('m["text"]', p)}
+    return True
 return False"""
 
 
@@ -262,24 +285,34 @@ return True"""
 
 
 def _no_unrelated_changes(p: dict[str, Any], strict: bool) -> str:
-    """Only the allowed records change; new records only in allowed collections; no deletions
-    of records outside the allowed set. Read/unread flags are bookkeeping and ignored."""
+    """Only the task's records change, and on them only the fields the task changes (an empty field
+    may be filled in, a list added to; nothing else overwritten); deletions only of the task's
+    records; new records only in the task's collections and no more of them than the task needs.
+    Read/unread flags are bookkeeping and ignored. (Older documents list record ids without fields
+    and collections without counts: any change to those records, any number of new records.)"""
     return f"""allowed_changes = {p['allowed_changes']!r}
-allowed_new = {sorted(p['allowed_new'])!r}
+allowed_new = {p['allowed_new']!r}
+def _overwrites(old, new):
+    if old in (None, "", [], {{}}):
+        return False
+    return not (isinstance(old, list) and isinstance(new, list) and new[:len(old)] == old)
 for name, d in ev["diff"].items():
-    ok_ids = allowed_changes.get(name, [])
+    ok = allowed_changes.get(name, {{}})
     for rid, fields in d["changed"].items():
-        if rid in ok_ids:
-            continue
-        if set(fields) - {{"read"}}:
-            return False
-    for rid in d["removed"]:
-        if rid not in ok_ids:
-            return False
-    if d["added"] and name not in allowed_new:
-        for rid in d["added"]:
-            if rid not in ok_ids:
+        if rid not in ok:
+            if set(fields) - {{"read"}}:
                 return False
+            continue
+        if isinstance(ok, dict):
+            for f in set(fields) - {{"read"}} - set(ok[rid]):
+                if _overwrites(fields[f][0], fields[f][1]):
+                    return False
+    for rid in d["removed"]:
+        if rid not in ok:
+            return False
+    new = [rid for rid in d["added"] if rid not in ok]
+    if new and (name not in allowed_new or (isinstance(allowed_new, dict) and len(new) > allowed_new[name])):
+        return False
 return True"""
 
 

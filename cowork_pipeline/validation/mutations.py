@@ -5,7 +5,8 @@ as it actually ran (literal arguments, after variable binding) and makes one pla
 mistake; the validator requires every applicable mutant to fail the rubric. Operators
 know nothing about capabilities: they work from tool metadata and the world's records.
 The per-step operators (missing_step, wrong_target, wrong_record, wrong_value) challenge
-every effectful step of every turn, so no later step or turn goes unchecked (see CAPS).
+every effectful step of every turn, so no later step or turn goes unchecked (see CAPS);
+collateral_write overwrites a field the task leaves alone on a record it updates.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ ID_PARAMS = {
     "ticket_id": "helpdesk.tickets", "doc_id": "docs.documents", "folder_id": "docs.folders", "channel_id": "chat.channels",
     "task_id": "tasks.tasks",
 }
-OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "extra_destructive_write",
-             "safety_violation", "wrong_turn_order")
+OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "collateral_write",
+             "extra_destructive_write", "safety_violation", "wrong_turn_order")
 
 
 @dataclass
@@ -82,7 +83,7 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # At most this many mutants per operator (bounds the cost of certification). Sites are taken turn by
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
-CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8}
+CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2}
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -186,6 +187,31 @@ def _value_changes(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int, r
     return out + stale
 
 
+def _collateral(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int) -> list[tuple[dict[str, Any], str]]:
+    """The right call on the right record, also overwriting a field of it the task leaves alone (one the
+    reference never changes and that holds a value): voiding the invoice while correcting its amount,
+    closing the ticket while escalating it. Choices first, then numbers, then text; one per step."""
+    t = REGISTRY[s.tool]
+    rec, rewritten = _target(env, traj, s, turn)
+    if not rec or not t.name.split("_", 1)[-1].startswith("update"):
+        return []
+    free = [p for p in t.params if p.name not in s.args and p.name not in rewritten and p.name not in ID_PARAMS
+            and p.name not in EMAIL_PARAMS and rec.get(p.name) not in (None, "", [])]
+    for p in sorted(free, key=lambda p: (p.enum is None, p.type != "number")):
+        old = rec[p.name]
+        if p.enum is not None and not p.type.startswith("array"):
+            new: Any = next((e for e in reversed(p.enum) if e != old), None)
+        elif p.type == "number" and isinstance(old, (int, float)) and not isinstance(old, bool):
+            new = round(float(old) * 0.5 + 1, 2)
+        elif p.type == "string" and p.format is None and isinstance(old, str):
+            new = f"{old} (edited)"
+        else:
+            continue
+        if new is not None:
+            return [({**s.args, p.name: new}, f"also {p.name}: {old!r} -> {new!r}")]
+    return []
+
+
 def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[list[Step]] | None = None) -> list[Mutant]:
     """``base``: ``executed_program(env, traj)`` when the caller already has it."""
     rng = random.Random(seed)
@@ -244,6 +270,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
 
     per_site = [[variant("wrong_value", ti, si, s, args, what) for args, what in _value_changes(env, traj, s, ti, rng)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["wrong_value"]))
+
+    per_site = [[variant("collateral_write", ti, si, s, args, what) for args, what in _collateral(env, traj, s, ti)] for ti, si, s in effectful]
+    out.extend(_select(per_site, CAPS["collateral_write"]))
 
     destructive = _extra_write(env, base, rng)
     if destructive is not None:

@@ -45,7 +45,7 @@ def invoice_reconcile(ctx: Ctx) -> Composition:
     ], reply=f"Invoice {number} is corrected to {new:.2f} USD and I confirmed it to {cust['name']}.")]
     items = [
         ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}}, service="crm"), 2.0),
-        ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "in_reply_to": msg["id"]}, service="mail")),
+        ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "in_reply_to": msg["id"]}, service="mail")),
     ]
     return Composition(
         title=f"Reconcile invoice {number} for {acc['name']}", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
@@ -142,11 +142,15 @@ def ticket_triage_followup(ctx: Ctx) -> Composition:
     event = Event(tool="helpdesk_requester_comment", args={"ticket_id": tkt["id"], "author": cust["email"], "body": comment_id_text}, actor="customer")
     key = update.split()[0]
     items = [
-        ItemPlan("triaged", f"Ticket is high priority and assigned to {oncall['email']}",
-                 CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"], "fields": {"priority": "high", "assignee": oncall["email"]}}, service="helpdesk"), 2.0, turn=0),
+        ItemPlan("triaged", f"Ticket is high priority and assigned to {oncall['email']}, still {tkt['status']}",
+                 CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"], "fields": {"priority": "high", "assignee": oncall["email"],
+                                                                                                   "status": tkt["status"]}}, service="helpdesk"), 2.0, turn=0),
         ItemPlan("acknowledged", f"A public comment acknowledges the update ('{key}')",
                  CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "includes": [key]}, service="helpdesk"), 1.0, turn=1),
-        ItemPlan("pending", "Ticket status is pending", CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"], "fields": {"status": "pending"}}, service="helpdesk"), 1.0, turn=1),
+        # judged on the whole record: the follow-up must not undo the triage
+        ItemPlan("pending", "Ticket status is pending, still high priority with the on-call engineer",
+                 CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"],
+                                            "fields": {"status": "pending", "priority": "high", "assignee": oncall["email"]}}, service="helpdesk"), 1.0, turn=1),
         ItemPlan("after_update", "The acknowledgement came after the customer's update",
                  CheckSpec("after_event", {"actor": "customer", "tool": "helpdesk_add_comment"}, service="helpdesk"), 1.0, turn=1),
     ]
@@ -189,7 +193,7 @@ def quote_followup(ctx: Ctx) -> Composition:
         "body": f"Hi {first(me['name'])}, we accept the quote of {amount:.2f} USD. Please go ahead.\n{buyer['name']}"})
     items = [
         ItemPlan("quote_sent", f"Quote email to {buyer['email']} states {amount:.2f}",
-                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": [f"{amount:.2f}"]}, service="mail"), 2.0, turn=0),
+                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": [], "amounts": [amount]}, service="mail"), 2.0, turn=0),
         ItemPlan("deal_won", "Deal stage is won", CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won"}}, service="crm"), 2.0, turn=1),
         ItemPlan("thanked", "A reply thanks the buyer in the acceptance thread",
                  CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": ["thank"], "in_reply_to": reply_id}, service="mail"), 1.0, turn=1),
