@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -812,6 +812,42 @@ def op_misstated_amount(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: {text[:60]!r} -> amounts x1.1", _program(spec, m)
 
 
+def op_date_a_day_late(spec, turns, ref):
+    """A date written (a due date, a close date) one day later than the reference's."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for p in REGISTRY[tool].params:
+            v = args.get(p.name)
+            if p.format == "date" and isinstance(v, str):
+                m = copy.deepcopy(turns)
+                m[ti][si][1][p.name] = (datetime.fromisoformat(v) + timedelta(days=1)).strftime("%Y-%m-%d")
+                yield f"{tool}.{p.name}: {v} + 1 day", _program(spec, m)
+                break
+
+
+def op_assigned_to_me(spec, turns, ref):
+    """Work assigned to the user (the agent's principal) instead of the person the task names."""
+    me = spec.world["_meta"]["profile"]["email"]
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if isinstance(args.get("assignee"), str) and args["assignee"] != me:
+            m = copy.deepcopy(turns)
+            m[ti][si][1]["assignee"] = me
+            yield f"{tool}.assignee: {args['assignee']} -> {me}", _program(spec, m)
+
+
+def op_reply_in_another_thread(spec, turns, ref):
+    """The reply sent in the thread of another inbox message."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "mail_reply":
+            others = sorted(k for k, r in spec.world.get("mail.messages", {}).items() if k != args["message_id"] and r.get("folder") == "inbox")
+            if others:
+                m = copy.deepcopy(turns)
+                m[ti][si][1]["message_id"] = others[0]
+                yield f"mail_reply to {others[0]} instead of {args['message_id']}", _program(spec, m)
+
+
 def op_empty_reply(spec, turns, ref):
     """CONTROL: every action done right, the final reply text empty. Must still pass."""
     yield "all actions, empty replies", _program(spec, turns, replies=["" for _ in turns])
@@ -874,14 +910,31 @@ def ctl_fill_empty_field(spec, turns, ref):
                 return
 
 
+def ctl_time_in_another_offset(spec, turns, ref):
+    """CONTROL: event times written for the same instant in another UTC offset (15:00Z as 17:00+02:00). Must still pass."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool in ("calendar_create_event", "calendar_update_event") and isinstance(args.get("start"), str):
+            m = copy.deepcopy(turns)
+            for k in ("start", "end"):
+                if isinstance(args.get(k), str):
+                    dt = datetime.fromisoformat(args[k].replace("Z", "+00:00"))
+                    if dt.tzinfo is None:
+                        return
+                    m[ti][si][1][k] = dt.astimezone(timezone(timedelta(hours=2))).isoformat()
+            yield f"{tool}.start: {args['start']} -> {m[ti][si][1]['start']}", _program(spec, m)
+            return
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
              "unrequested_email": op_unrequested_email, "duplicate_message": op_duplicate_message,
-             "misstated_amount": op_misstated_amount,
+             "misstated_amount": op_misstated_amount, "date_a_day_late": op_date_a_day_late, "assigned_to_me": op_assigned_to_me,
+             "reply_in_another_thread": op_reply_in_another_thread,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
-             "fill_empty_field (control)": ctl_fill_empty_field}
+             "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -40,6 +40,15 @@ def _has_amount(text, value):
             return True
     return False
 
+def _same_instant(a, b):
+    from datetime import datetime
+    if not (isinstance(a, str) and isinstance(b, str) and "T" in a and "T" in b):
+        return False
+    try:
+        return datetime.fromisoformat(a.replace("Z", "+00:00")) == datetime.fromisoformat(b.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+
 def _agent_calls(ev, tool):
     return [e for e in ev["audit"] if e["actor"] == "agent" and e["tool"] == tool and e["ok"]]
 '''
@@ -85,6 +94,8 @@ def source(spec: CheckSpec) -> str:
 
 # ---- completion checks ------------------------------------------------------------------
 def _field_equals(p: dict[str, Any], strict: bool) -> str:
+    """The record's fields hold these values: numbers to the cent, lists in any order, date-times as
+    instants (17:00+02:00 is 15:00Z)."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
@@ -103,7 +114,7 @@ for k, v in want.items():
     elif isinstance(v, list):
         if sorted(got or []) != sorted(v):
             return False
-    elif got != v:
+    elif got != v and not _same_instant(got, v):
         return False
 return True"""
 
