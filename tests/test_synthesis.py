@@ -848,6 +848,22 @@ def op_reply_in_another_thread(spec, turns, ref):
                 yield f"mail_reply to {others[0]} instead of {args['message_id']}", _program(spec, m)
 
 
+_CLOCK = re.compile(r"\b([01][0-9]|2[0-3]):00\b")
+_ISO_DAY = re.compile(r"\b(20[0-9]{2})-([01][0-9])-([0-3][0-9])\b")
+
+
+def op_misstated_time(spec, turns, ref):
+    """Every record right, but a message gives a time one hour off (attendees are told the wrong slot)."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _CLOCK.search(text):
+            m = copy.deepcopy(turns)
+            args = m[ti][si][1]
+            for key in (k, "subject"):  # the whole message, or its subject still gives the right time
+                if isinstance(args.get(key), str):
+                    args[key] = _CLOCK.sub(lambda x: f"{(int(x.group(1)) + 1) % 24:02d}:00", args[key])
+            yield f"{turns[ti][si][0]}.{k}: {text[:60]!r} -> hours + 1", _program(spec, m)
+
+
 def op_empty_reply(spec, turns, ref):
     """CONTROL: every action done right, the final reply text empty. Must still pass."""
     yield "all actions, empty replies", _program(spec, turns, replies=["" for _ in turns])
@@ -926,15 +942,38 @@ def ctl_time_in_another_offset(spec, turns, ref):
             return
 
 
+def ctl_when_in_words(spec, turns, ref):
+    """CONTROL: dates and times in messages written the way people write them (2026-03-05 -> Thursday,
+    March 5th; 15:00 -> 3pm). Must still pass."""
+    def day(x):
+        d = datetime(int(x.group(1)), int(x.group(2)), int(x.group(3)))
+        return f"{d:%A}, {d:%B} {d.day}th" if d.day not in (1, 2, 3, 21, 22, 23, 31) else f"{d:%A}, {d.day} {d:%B}"
+
+    def clock(x):
+        h = int(x.group(1))
+        return f"{h % 12 or 12}{'am' if h < 12 else 'pm'}"
+
+    m = copy.deepcopy(turns)
+    changed = False
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = _CLOCK.sub(clock, _ISO_DAY.sub(day, text))
+        if new != text:
+            m[ti][si][1][k] = new
+            changed = True
+    if changed:
+        yield "dates and times in words", _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
              "unrequested_email": op_unrequested_email, "duplicate_message": op_duplicate_message,
              "misstated_amount": op_misstated_amount, "date_a_day_late": op_date_a_day_late, "assigned_to_me": op_assigned_to_me,
-             "reply_in_another_thread": op_reply_in_another_thread,
+             "reply_in_another_thread": op_reply_in_another_thread, "misstated_time": op_misstated_time,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
-             "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset}
+             "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,
+             "when_in_words (control)": ctl_when_in_words}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

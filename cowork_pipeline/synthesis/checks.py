@@ -49,6 +49,33 @@ def _same_instant(a, b):
     except ValueError:
         return False
 
+def _mentions(text, forms):
+    import re
+    t = " ".join(str(text).lower().replace(",", " ").split())
+    for f in forms:
+        if re.search("(?<![0-9a-z:])" + re.escape(f) + "(?![0-9a-z])", t):
+            return True
+    return False
+
+def _says_time(text, hhmm):
+    h, m = int(hhmm[:2]), int(hhmm[3:5])
+    h12, ap = h % 12 or 12, "am" if h < 12 else "pm"
+    forms = ["{:02d}:{:02d}".format(h, m), "{}:{:02d}".format(h, m), "{}.{:02d}".format(h, m)]
+    for hm in ["{}:{:02d}".format(h12, m)] + (["{}".format(h12)] if m == 0 else []):
+        forms += [hm + ap, hm + " " + ap, hm + " " + ap[0] + ".m.", hm + ap[0] + ".m."]
+    return _mentions(text, forms)
+
+def _says_date(text, iso):
+    mo, d = int(iso[5:7]), int(iso[8:10])
+    name = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+            "november", "december"][mo - 1]
+    suffix = "th" if 10 <= d % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(d % 10, "th")
+    forms = [iso]
+    for month in (name, name[:3], name[:3] + "."):
+        for day in (str(d), str(d) + suffix):
+            forms += [month + " " + day, day + " " + month, day + " of " + month]
+    return _mentions(text, forms)
+
 def _agent_calls(ev, tool):
     return [e for e in ev["audit"] if e["actor"] == "agent" and e["tool"] == tool and e["ok"]]
 '''
@@ -132,6 +159,18 @@ def _amounts_test(text: str, p: dict[str, Any]) -> str:
     return f"    if not all(_has_amount({text}, a) for a in {[_fmt_amount(a) for a in p['amounts']]!r}):\n        continue"
 
 
+def _when_test(text: str, p: dict[str, Any]) -> str:
+    """A loop-body guard: ``text`` states the date and time in ``when`` in any usual way (2026-03-05,
+    March 5th, 5 Mar; 15:00, 3pm, 3:00 p.m.), not only as the reference wrote it."""
+    when = p.get("when") or {}
+    out = []
+    if when.get("date"):
+        out.append(f"    if not _says_date({text}, {when['date']!r}):\n        continue")
+    if when.get("time"):
+        out.append(f"    if not _says_time({text}, {when['time']!r}):\n        continue")
+    return "\n".join(out)
+
+
 def _mail_sent(p: dict[str, Any], strict: bool) -> str:
     to, includes, reply_to, only = p.get("to", []), p.get("includes", []), p.get("in_reply_to"), p.get("only_to", False)
     if not strict:
@@ -146,6 +185,7 @@ for m in _sent(ev):
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
 {_amounts_test('m["subject"] + " " + m["body"]', p)}
+{_when_test('m["subject"] + " " + m["body"]', p)}
     return True
 return False"""
 
