@@ -964,6 +964,32 @@ def ctl_when_in_words(spec, turns, ref):
         yield "dates and times in words", _program(spec, m)
 
 
+_PHONE = re.compile(r"\+?[0-9][0-9 ().-]{6,}\Z")
+
+
+def ctl_fields_typed_differently(spec, turns, ref):
+    """CONTROL: short text fields written with other casing (a job title, a task title), phone numbers
+    with other punctuation (+1-555-0100 -> +1 (555) 0100). Must still pass."""
+    m = copy.deepcopy(turns)
+    changed = []
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for p in REGISTRY[tool].params:
+            v = args.get(p.name)
+            if (not isinstance(v, str) or p.type != "string" or p.format or p.enum or p.name.endswith("_id")
+                    or p.name in TEXT_PARAMS + ("subject", "content", "description", "note", "notes", "query")):
+                continue
+            if _PHONE.match(v):
+                new = re.sub(r"^(\+?[0-9]+)-([0-9]+)-", r"\1 (\2) ", v)
+            else:
+                new = v.upper()
+            if new != v:
+                m[ti][si][1][p.name] = new
+                changed.append(f"{tool}.{p.name}: {v!r} -> {new!r}")
+    if changed:
+        yield "; ".join(changed), _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -973,7 +999,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,
-             "when_in_words (control)": ctl_when_in_words}
+             "when_in_words (control)": ctl_when_in_words, "fields_typed_differently (control)": ctl_fields_typed_differently}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

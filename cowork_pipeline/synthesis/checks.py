@@ -76,6 +76,15 @@ def _says_date(text, iso):
             forms += [month + " " + day, day + " " + month, day + " of " + month]
     return _mentions(text, forms)
 
+def _same_text(a, b):
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    if " ".join(a.lower().split()) == " ".join(b.lower().split()):
+        return True
+    phone = set("+0123456789 -().")
+    da, db = [c for c in a if c.isdigit()], [c for c in b if c.isdigit()]
+    return set(a) <= phone and set(b) <= phone and len(da) >= 7 and da == db
+
 def _agent_calls(ev, tool):
     return [e for e in ev["audit"] if e["actor"] == "agent" and e["tool"] == tool and e["ok"]]
 '''
@@ -122,7 +131,7 @@ def source(spec: CheckSpec) -> str:
 # ---- completion checks ------------------------------------------------------------------
 def _field_equals(p: dict[str, Any], strict: bool) -> str:
     """The record's fields hold these values: numbers to the cent, lists in any order, date-times as
-    instants (17:00+02:00 is 15:00Z)."""
+    instants (17:00+02:00 is 15:00Z), text up to case and spacing, phone numbers up to punctuation."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
@@ -141,7 +150,7 @@ for k, v in want.items():
     elif isinstance(v, list):
         if sorted(got or []) != sorted(v):
             return False
-    elif got != v and not _same_instant(got, v):
+    elif got != v and not _same_instant(got, v) and not _same_text(got, v):
         return False
 return True"""
 
@@ -201,7 +210,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         if isinstance(v, list):
             ok = ok and sorted(got or []) == sorted(v)
         elif isinstance(v, str) and isinstance(got, str):
-            ok = ok and got.lower() == v.lower()
+            ok = ok and (_same_text(got, v) or _same_instant(got, v))
         else:
             ok = ok and got == v
     for k, needles in {includes!r}.items():
