@@ -24,7 +24,7 @@ from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.validation.grader import Grade, grade_many
 from cowork_pipeline.validation.mutations import OPERATORS, Mutant, executed_program, mutants
 
-VALIDATOR_VERSION = "certify-1"
+VALIDATOR_VERSION = "certify-2"  # 2: collateral_write mutants
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
 _NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
 
