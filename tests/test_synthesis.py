@@ -242,6 +242,38 @@ def test_planted_record_level_safety_checker_is_caught_by_a_collateral_write(val
     assert cert.reference_pass and cert.confusion["collateral_write"]["applicable"] >= 1
 
 
+@pytest.mark.parametrize("cid, item, code", [
+    # compares the new start time as text: the same instant written as 17:00+02:00 fails
+    ("meeting_reschedule", "moved_first", "def check(ev):\n    e = ev['final']['calendar.events'][{evt!r}]\n    return e['start'] == {start!r}\n"),
+    # counts look-ups instead of judging the outcome
+    ("invoice_reconcile", "invoice_amount", "def check(ev):\n    searches = [e for e in ev['audit'] if e['actor'] == 'agent' and e['tool'] == 'crm_search_invoices']\n"
+                                            "    rec = ev['final']['crm.invoices'][{inv!r}]\n    return len(searches) == 1 and abs(rec['amount'] - {amount!r}) < 0.005\n"),
+    # looks for the amount exactly as the reference wrote it
+    ("invoice_reconcile", "confirmation_sent", "def check(ev):\n    sent = [m for m in ev['diff'].get('mail.messages', {{}}).get('added', {{}}).values() if m['folder'] == 'sent']\n"
+                                               "    return any(m.get('in_reply_to') == {msg!r} and {text!r} in m['body'] for m in sent)\n"),
+])
+def test_planted_overstrict_checker_is_caught(validator, outcomes, cid, item, code):
+    """A checker fitted to the reference's exact calls or strings passes the reference and kills every
+    mutant, yet fails an agent that does the same work another correct way: the validator runs that way too."""
+    spec = certified_spec(outcomes, cid)
+    f = spec.facts
+    params = spec.facts["checks"][item]["params"]
+    fill = {"evt": params.get("id"), "start": (params.get("fields") or {}).get("start"), "inv": f.get("invoice_id"),
+            "amount": f.get("new_amount"), "msg": f.get("message_id"), "text": f"{f.get('new_amount', 0):.2f}"}
+    cert = validator.certify(planted(with_item_code(spec, item, code.format(**fill))))
+    assert cert.reference_pass and not cert.certified and not cert.equivalent_pass
+    assert codes(cert) == {"overstrict_checker"}, cert.diagnostics
+    [d] = cert.diagnostics
+    assert d.item == item and "another way" in d.message
+
+
+def test_certified_environments_pass_the_equivalent_variant(outcomes):
+    for outs in outcomes.values():
+        for o in outs:
+            if o.accepted:
+                assert o.final.certification.equivalent_pass, o.final.certification.env_id
+
+
 def test_planted_lax_checkers_everywhere_let_the_null_trajectory_pass(validator, outcomes):
     spec = certified_spec(outcomes, "schedule_meeting")
     lax = spec.model_copy(update={"rubric": [r.model_copy(update={"code": ALWAYS}) if r.kind == "completion" else r for r in spec.rubric]})

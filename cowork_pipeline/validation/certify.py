@@ -2,8 +2,9 @@
 
 An environment is certified only if: its document is internally consistent (tools exist
 and are exposed, every record the request names exists exactly once); its reference
-program runs to completion and passes every item; the do-nothing trajectory fails; every
-applicable mutation of the reference fails; the same trajectory gets the same verdict
+program runs to completion and passes every item, and so does the same work done another
+correct way (look-ups repeated, times in another offset, amounts written differently); the
+do-nothing trajectory fails; every applicable mutation of the reference fails; the same trajectory gets the same verdict
 twice; and the reference still passes under injected transient faults (with retries).
 Multi-turn tasks run with their user simulator in the loop, world events included.
 """
@@ -22,7 +23,7 @@ from cowork_pipeline.services import REGISTRY, FaultConfig, Workspace
 from cowork_pipeline.spec import EnvironmentSpec
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.validation.grader import Grade, grade_many
-from cowork_pipeline.validation.mutations import OPERATORS, Mutant, executed_program, mutants
+from cowork_pipeline.validation.mutations import OPERATORS, Mutant, equivalent, executed_program, mutants
 
 VALIDATOR_VERSION = "certify-2"  # 2: collateral_write mutants
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
@@ -49,6 +50,7 @@ class Certification:
     reference_pass: bool = False
     null_pass: bool = False
     fault_pass: bool = False
+    equivalent_pass: bool = True  # the reference done another correct way (see mutations.equivalent) passes
     deterministic: bool = True
     mutants: list[dict[str, Any]] = field(default_factory=list)  # operator, description, killed, failed_items
     confusion: dict[str, dict[str, int]] = field(default_factory=dict)  # operator -> applicable, killed
@@ -242,6 +244,10 @@ class Validator:
             traj = run_episode(spec, ProgramAgent(m.program, name=f"mutant:{m.operator}"), limits=self.limits, user=self.user,
                                workspace=fresh() if cp is None else Workspace(None), resume=cp)
             runs.append((m.operator, traj, m))
+        variant = equivalent(spec, base)
+        if variant is not None:
+            runs.append(("equivalent", run_episode(spec, ProgramAgent(variant.program, name="equivalent"), limits=self.limits,
+                                                   user=self.user, workspace=fresh()), variant))
         faults = FaultConfig(rate=self.fault_rate, seed=spec.seed)
         runs.append(("faulted_reference", run_episode(spec, ProgramAgent(spec.reference, name="reference"), faults=faults,
                                                       limits=self.limits, user=self.user, workspace=fresh(faults)), None))
@@ -276,6 +282,13 @@ class Validator:
                                     item=flipped[0] if flipped else None))
         confusion = {op: {"applicable": 0, "killed": 0} for op in OPERATORS}
         for (label, traj, m), g in zip(runs[1:], grades[1:-1]):
+            if label == "equivalent":
+                cert.equivalent_pass = g.passed
+                if not g.passed and cert.reference_pass:
+                    diags.append(Diagnostic("overstrict_checker", f"correct work done another way fails items {g.failed_items()} "
+                                            f"({m.description.split(': ', 1)[-1]}): checkers must judge the outcome, not the reference's exact calls or strings",
+                                            item=g.failed_items()[0] if g.failed_items() else None))
+                continue
             if label == "faulted_reference":
                 cert.fault_pass = g.passed
                 if not g.passed and cert.reference_pass:

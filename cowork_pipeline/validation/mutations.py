@@ -11,8 +11,9 @@ collateral_write overwrites a field the task leaves alone on a record it updates
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cowork_pipeline.runner import Trajectory
@@ -289,6 +290,52 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
         out.append(Mutant("wrong_turn_order", f"do turn {i + 1}'s work in turn {i}, before the world changed",
                           _program(env, turns), svc, base[i + 1][0].tool))
     return out
+
+
+_MONEY = re.compile(r"(?<![\w.,])(\d+)\.(\d{2})(?![\w.,]|\.\d)")
+
+
+def _other_offset(v: str) -> str:
+    """The same instant in UTC+02:00 (a naive or unparsable value is left as it is)."""
+    try:
+        dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        return v
+    return v if dt.tzinfo is None else dt.astimezone(timezone(timedelta(hours=2))).isoformat()
+
+
+def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
+    """The reference's work done another correct way, which every item must still pass: each read-only
+    call made twice, date-times given as the same instants in another UTC offset, amounts in messages
+    written as people write them ($18,814.00). A checker that fails it is overfitted to the reference's
+    exact calls or strings (it counts look-ups, compares times as text, looks for "18814.00")."""
+    turns: list[list[Step]] = []
+    what: set[str] = set()
+    for t in base:
+        steps: list[Step] = []
+        for s in t:
+            tool = REGISTRY.get(s.tool)
+            if tool is None:
+                steps.append(s)
+                continue
+            args = dict(s.args)
+            for p in tool.params:
+                v = args.get(p.name)
+                if p.format == "date-time" and isinstance(v, str) and _other_offset(v) != v:
+                    args[p.name] = _other_offset(v)
+                    what.add("times in UTC+02:00")
+                elif p.name in ("body", "text") and isinstance(v, str) and _MONEY.search(v):
+                    args[p.name] = _MONEY.sub(lambda m: f"${int(m.group(1)):,}.{m.group(2)}", v)
+                    what.add("amounts written as $1,234.00")
+            step = Step(tool=s.tool, args=args) if args != s.args else s
+            steps.append(step)
+            if not tool.mutates:
+                steps.append(step)
+                what.add("every read-only call made twice")
+        turns.append(steps)
+    if not what:
+        return None
+    return Mutant("equivalent", "the reference done another correct way: " + ", ".join(sorted(what)), _program(env, turns))
 
 
 def _touched(base: list[list[Step]]) -> set[str]:
