@@ -34,56 +34,46 @@ def _has(text, needles):
     return all(_norm(n) in t for n in needles)
 
 def _has_amount(text, value):
+    t = str(text).replace(",", "")
+    if str(int(float(value))) not in t:  # the whole part is not even there (most messages): no regex
+        return False
     import re
-    for x in re.findall("[0-9][0-9,]*(?:[.][0-9]+)?", str(text)):
-        if abs(float(x.replace(",", "")) - float(value)) <= 0.005:
+    for x in re.findall("[0-9]+(?:[.][0-9]+)?", t):
+        if abs(float(x) - float(value)) <= 0.005:
             return True
     return False
 
 def _same_instant(a, b):
+    if not (isinstance(a, str) and isinstance(b, str) and a[10:11] == "T" == b[10:11] and a[:4].isdigit() and b[:4].isdigit()):
+        return False  # not two ISO date-times (most strings): no parsing
     from datetime import datetime
-    if not (isinstance(a, str) and isinstance(b, str) and "T" in a and "T" in b):
-        return False
     try:
         return datetime.fromisoformat(a.replace("Z", "+00:00")) == datetime.fromisoformat(b.replace("Z", "+00:00"))
     except ValueError:
         return False
 
 def _mentions(text, forms):
-    import re
     t = " ".join(str(text).lower().replace(",", " ").split())
-    for f in forms:
+    found = [f for f in forms if f in t]  # plain substring first; the regex only confirms word edges
+    if not found:
+        return False
+    import re
+    for f in found:
         if re.search("(?<![0-9a-z:])" + re.escape(f) + "(?![0-9a-z])", t):
             return True
     return False
 
-def _says_time(text, hhmm):
-    h, m = int(hhmm[:2]), int(hhmm[3:5])
-    h12, ap = h % 12 or 12, "am" if h < 12 else "pm"
-    forms = ["{:02d}:{:02d}".format(h, m), "{}:{:02d}".format(h, m), "{}.{:02d}".format(h, m)]
-    for hm in ["{}:{:02d}".format(h12, m)] + (["{}".format(h12)] if m == 0 else []):
-        forms += [hm + ap, hm + " " + ap, hm + " " + ap[0] + ".m.", hm + ap[0] + ".m."]
-    return _mentions(text, forms)
-
-def _says_date(text, iso):
-    mo, d = int(iso[5:7]), int(iso[8:10])
-    name = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-            "november", "december"][mo - 1]
-    suffix = "th" if 10 <= d % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(d % 10, "th")
-    forms = [iso]
-    for month in (name, name[:3], name[:3] + "."):
-        for day in (str(d), str(d) + suffix):
-            forms += [month + " " + day, day + " " + month, day + " of " + month]
-    return _mentions(text, forms)
-
 def _same_text(a, b):
     if not (isinstance(a, str) and isinstance(b, str)):
         return False
-    if " ".join(a.lower().split()) == " ".join(b.lower().split()):
+    la, lb = a.lower(), b.lower()
+    if la == lb or la.split() == lb.split():
         return True
-    phone = set("+0123456789 -().")
+    phone = "+0123456789 -()."
+    if a.strip(phone) or b.strip(phone):  # not phone numbers (characters other than these)
+        return False
     da, db = [c for c in a if c.isdigit()], [c for c in b if c.isdigit()]
-    return set(a) <= phone and set(b) <= phone and len(da) >= 7 and da == db
+    return len(da) >= 7 and da == db
 
 def _agent_calls(ev, tool):
     return [e for e in ev["audit"] if e["actor"] == "agent" and e["tool"] == tool and e["ok"]]
@@ -129,19 +119,41 @@ def source(spec: CheckSpec) -> str:
 
 
 # ---- completion checks ------------------------------------------------------------------
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _looks_instant(v: Any) -> bool:
+    return isinstance(v, str) and len(v) >= 16 and v[10:11] == "T" and v[:4].isdigit()
+
+
+def _text_compare(values: list[Any]) -> str:
+    """The condition under which a string ``got`` differs from ``v``, with only the helpers these
+    expected values need (a checker's compile time grows with its length)."""
+    cond = "got.lower() != v.lower() and not _same_text(got, v)"
+    if any(_looks_instant(v) for v in values):
+        cond += " and not _same_instant(got, v)"
+    return cond
+
+
 def _field_equals(p: dict[str, Any], strict: bool) -> str:
     """The record's fields hold these values: numbers to the cent, lists in any order, date-times as
     instants (17:00+02:00 is 15:00Z), text up to case and spacing, phone numbers up to punctuation."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
+    # Numbers are written as strings (with the names of the numeric fields): checkers that differ only
+    # in amounts then share one skeleton, which the sandbox compiles once instead of once per amount.
+    want = {k: (repr(v) if _is_number(v) else v) for k, v in fields.items()}
+    nums = sorted(k for k, v in fields.items() if _is_number(v))
     return f"""rec = _coll(ev, {coll!r}).get({rid!r})
 if rec is None:
     return False
-want = {fields!r}
+want = {want!r}
+nums = {nums!r}
 for k, v in want.items():
     got = rec.get(k)
-    if isinstance(v, float) or isinstance(got, float):
+    if k in nums or isinstance(got, float):
         try:
             if abs(float(got) - float(v)) > 0.005:
                 return False
@@ -150,7 +162,10 @@ for k, v in want.items():
     elif isinstance(v, list):
         if sorted(got or []) != sorted(v):
             return False
-    elif got != v and not _same_instant(got, v) and not _same_text(got, v):
+    elif isinstance(v, str) and isinstance(got, str):
+        if {_text_compare(list(fields.values()))}:
+            return False
+    elif got != v:
         return False
 return True"""
 
@@ -168,15 +183,42 @@ def _amounts_test(text: str, p: dict[str, Any]) -> str:
     return f"    if not all(_has_amount({text}, a) for a in {[_fmt_amount(a) for a in p['amounts']]!r}):\n        continue"
 
 
+_MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december"]
+
+
+def time_forms(hhmm: str) -> list[str]:
+    """How people write a time of day: 15:00, 3pm, 3 pm, 3:00 p.m., ... (lower case)."""
+    h, m = int(hhmm[:2]), int(hhmm[3:5])
+    h12, ap = h % 12 or 12, "am" if h < 12 else "pm"
+    forms = [f"{h:02d}:{m:02d}", f"{h}:{m:02d}", f"{h}.{m:02d}"]
+    for hm in [f"{h12}:{m:02d}"] + ([str(h12)] if m == 0 else []):
+        forms += [hm + ap, f"{hm} {ap}", f"{hm} {ap[0]}.m.", f"{hm}{ap[0]}.m."]
+    return list(dict.fromkeys(forms))
+
+
+def date_forms(iso: str) -> list[str]:
+    """How people write a date: 2026-03-05, march 5, 5 march, mar 5th, the 5th of march, ... (lower case)."""
+    d = int(iso[8:10])
+    name = _MONTHS[int(iso[5:7]) - 1]
+    suffix = "th" if 10 <= d % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(d % 10, "th")
+    forms = [iso]
+    for month in (name, name[:3], name[:3] + "."):
+        for day in (str(d), f"{d}{suffix}"):
+            forms += [f"{month} {day}", f"{day} {month}", f"{day} of {month}"]
+    return list(dict.fromkeys(forms))
+
+
 def _when_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` states the date and time in ``when`` in any usual way (2026-03-05,
-    March 5th, 5 Mar; 15:00, 3pm, 3:00 p.m.), not only as the reference wrote it."""
+    March 5th, 5 Mar; 15:00, 3pm, 3:00 p.m.), not only as the reference wrote it. The notations are
+    spelled out here, once, so a checker call only looks them up."""
     when = p.get("when") or {}
     out = []
     if when.get("date"):
-        out.append(f"    if not _says_date({text}, {when['date']!r}):\n        continue")
+        out.append(f"    if not _mentions({text}, {date_forms(when['date'])!r}):\n        continue")
     if when.get("time"):
-        out.append(f"    if not _says_time({text}, {when['time']!r}):\n        continue")
+        out.append(f"    if not _mentions({text}, {time_forms(when['time'])!r}):\n        continue")
     return "\n".join(out)
 
 
@@ -203,20 +245,21 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
     coll, match, includes = p["collection"], p.get("match", {}), p.get("includes", {})
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
+    # a record is skipped at its first mismatching field (the checker scans every new record)
     return f"""for r in _new(ev, {coll!r}):
-    ok = True
     for k, v in {match!r}.items():
         got = r.get(k)
         if isinstance(v, list):
-            ok = ok and sorted(got or []) == sorted(v)
+            if sorted(got or []) != sorted(v):
+                break
         elif isinstance(v, str) and isinstance(got, str):
-            ok = ok and (_same_text(got, v) or _same_instant(got, v))
-        else:
-            ok = ok and got == v
-    for k, needles in {includes!r}.items():
-        ok = ok and _has(r.get(k, ""), needles)
-    if ok:
-        return True
+            if {_text_compare(list(match.values()))}:
+                break
+        elif got != v:
+            break
+    else:
+        if all(_has(r.get(k, ""), needles) for k, needles in {includes!r}.items()):
+            return True
 return False"""
 
 
@@ -350,8 +393,12 @@ def _no_unrelated_changes(p: dict[str, Any], strict: bool) -> str:
     records; new records only in the task's collections and no more of them than the task needs.
     Read/unread flags are bookkeeping and ignored. (Older documents list record ids without fields
     and collections without counts: any change to those records, any number of new records.)"""
-    return f"""allowed_changes = {p['allowed_changes']!r}
-allowed_new = {p['allowed_new']!r}
+    # Field lists and counts as strings: checkers of one capability then share one skeleton, which the
+    # sandbox compiles once (a literal's shape, unlike a string's content, is part of the skeleton).
+    changes = {c: ({r: ",".join(f) for r, f in v.items()} if isinstance(v, dict) else v) for c, v in p["allowed_changes"].items()}
+    new = {c: str(n) for c, n in p["allowed_new"].items()} if isinstance(p["allowed_new"], dict) else sorted(p["allowed_new"])
+    return f"""allowed_changes = {changes!r}
+allowed_new = {new!r}
 def _overwrites(old, new):
     if old in (None, "", [], {{}}):
         return False
@@ -360,18 +407,19 @@ for name, d in ev["diff"].items():
     ok = allowed_changes.get(name, {{}})
     for rid, fields in d["changed"].items():
         if rid not in ok:
-            if set(fields) - {{"read"}}:
-                return False
+            for f in fields:
+                if f != "read":
+                    return False
             continue
         if isinstance(ok, dict):
-            for f in set(fields) - {{"read"}} - set(ok[rid]):
-                if _overwrites(fields[f][0], fields[f][1]):
+            for f in fields:
+                if f != "read" and f not in ok[rid].split(",") and _overwrites(fields[f][0], fields[f][1]):
                     return False
     for rid in d["removed"]:
         if rid not in ok:
             return False
     new = [rid for rid in d["added"] if rid not in ok]
-    if new and (name not in allowed_new or (isinstance(allowed_new, dict) and len(new) > allowed_new[name])):
+    if new and (name not in allowed_new or (isinstance(allowed_new, dict) and len(new) > int(allowed_new[name]))):
         return False
 return True"""
 

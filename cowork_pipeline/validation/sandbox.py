@@ -669,7 +669,8 @@ def _policy_clean_text(source: str) -> bool:
 
     Every rule of ``_policy_violations`` fires on an identifier (a name, attribute, alias,
     argument, pattern keyword) that starts with ``__``, or is in ``BANNED_CALLS`` /
-    ``FORBIDDEN_ATTRS``, or on an import statement.  In ASCII source every identifier of the
+    ``FORBIDDEN_ATTRS``, or on an import statement (other than a plain import of an allowed
+    module, on a line of its own: see ``_without_allowed_imports``).  In ASCII source every identifier of the
     AST is spelled verbatim in the text as a whole identifier token (non-ASCII identifiers
     are NFKC-normalised, so they are excluded here), so the absence of ``__``, of the word
     ``import`` and of every policy word as a token proves the walk would find nothing.
@@ -686,12 +687,42 @@ def _policy_clean_text(source: str) -> bool:
 
 
 def _clean_text(text: str) -> bool:
+    if "import" in text:
+        text = _without_allowed_imports(text)
+        if text is None:
+            return False
     return (
         text.isascii()
         and "__" not in text
         and "import" not in text
         and _POLICY_WORDS.isdisjoint(_IDENTIFIER.findall(text))
     )
+
+
+# A whole line that is one import statement of an allowed module (``import re``, ``from datetime import
+# datetime, timezone``: no alias, no star, nothing else on the line), as helper functions of generated
+# checkers write them.
+_IMPORT_LINE = re.compile(r"[ \t]*(?:import ([a-z]+)|from ([a-z]+) import ([A-Za-z_][A-Za-z0-9_]*(?:[ \t]*,[ \t]*[A-Za-z_][A-Za-z0-9_]*)*))[ \t]*")
+
+
+def _without_allowed_imports(text: str) -> str | None:
+    """``text`` without its lines that import allowed modules or plain names from them, or None when a
+    line mentions ``import`` any other way. Sound for the text test: the walk allows exactly such
+    statements (the module is allowed, no imported name is a dunder or a policy word), and a line
+    that matches but sits inside a string literal is string content, which no rule looks at."""
+    kept = []
+    for line in text.split("\n"):
+        if "import" not in line:
+            kept.append(line)
+            continue
+        m = _IMPORT_LINE.fullmatch(line)
+        if m is None:
+            return None
+        module = m.group(1) or m.group(2)
+        names = [n.strip() for n in (m.group(3) or "").split(",") if n.strip()]
+        if module not in ALLOWED_MODULES or any(n.startswith("__") or n in _POLICY_WORDS or n == "import" for n in names):
+            return None
+    return "\n".join(kept)
 
 
 # Sources up to this size whose text is policy-clean skip the parent's parse in ``evaluate``: the
