@@ -784,14 +784,18 @@ def _outgoing_texts(turns):
                 yield ti, si, k, args[k]
 
 
-def op_collateral_field_write(spec, turns, ref):
-    """The right update of the right record, plus one more field of it overwritten with another valid value."""
+def _updates(spec, turns):
+    """(turn, step, tool, args, record as in the initial world) of every update call on an existing record."""
     for ti, si in _write_sites(turns):
         tool, args, _ = turns[ti][si]
         recs = _record_params(spec, tool, args)
-        if not recs or not tool.split("_", 1)[-1].startswith("update"):
-            continue
-        rec = spec.world[recs[0][1]][args[recs[0][0]]]
+        if recs and tool.split("_", 1)[-1].startswith("update"):
+            yield ti, si, tool, args, spec.world[recs[0][1]][args[recs[0][0]]]
+
+
+def op_collateral_field_write(spec, turns, ref):
+    """The right update of the right record, plus one more field of it overwritten with another valid value."""
+    for ti, si, tool, args, rec in _updates(spec, turns):
         for p in REGISTRY[tool].params:
             old = rec.get(p.name)
             if p.name in args or p.name.endswith("_id") or old in (None, "", []):
@@ -936,26 +940,20 @@ def ctl_amount_notation(spec, turns, ref):
 def ctl_fill_empty_field(spec, turns, ref):
     """CONTROL: the right update also fills in a field of the record that was empty (a close date, a
     location, a tag). Nothing is overwritten, so it must still pass."""
-    for ti, si in _write_sites(turns):
-        tool, args, _ = turns[ti][si]
-        recs = _record_params(spec, tool, args)
-        if not recs or not tool.split("_", 1)[-1].startswith("update"):
-            continue
-        rec = spec.world[recs[0][1]][args[recs[0][0]]]
+    for ti, si, tool, args, rec in _updates(spec, turns):
         for p in REGISTRY[tool].params:
             if p.name in args or p.name not in rec or rec[p.name] not in (None, "", []):
                 continue
-            value = {"date": "2026-03-02"}.get(p.format or "", ["follow-up"] if p.type.startswith("array") else "Room 2")
-            if p.format is None and p.type in ("string", "array[string]"):
-                m = copy.deepcopy(turns)
-                m[ti][si] = (tool, {**args, p.name: value}, None)
-                yield f"{tool} also fills {p.name} = {value!r}", _program(spec, m)
-                return
             if p.format == "date":
-                m = copy.deepcopy(turns)
-                m[ti][si] = (tool, {**args, p.name: value}, None)
-                yield f"{tool} also fills {p.name} = {value!r}", _program(spec, m)
-                return
+                value: Any = "2026-03-02"
+            elif p.format is None and p.type in ("string", "array[string]"):
+                value = ["follow-up"] if p.type.startswith("array") else "Room 2"
+            else:
+                continue
+            m = copy.deepcopy(turns)
+            m[ti][si] = (tool, {**args, p.name: value}, None)
+            yield f"{tool} also fills {p.name} = {value!r}", _program(spec, m)
+            return
 
 
 def ctl_time_in_another_offset(spec, turns, ref):
