@@ -1020,6 +1020,29 @@ def ctl_fields_typed_differently(spec, turns, ref):
         yield "; ".join(changed), _program(spec, m)
 
 
+def ctl_internal_note(spec, turns, ref):
+    """CONTROL: an internal (non-public) note added to the ticket right after updating it. Must still pass."""
+    if "helpdesk_add_comment" not in spec.tools:
+        return
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "helpdesk_update_ticket":
+            m = copy.deepcopy(turns)
+            m[ti].insert(si + 1, ("helpdesk_add_comment", {"ticket_id": args["ticket_id"], "body": "Internal: handled as requested.", "public": False}, None))
+            yield f"internal note on {args['ticket_id']} in turn {ti}", _program(spec, m)
+            return
+
+
+def ctl_reply_to_all(spec, turns, ref):
+    """CONTROL: replies sent to everyone on the thread (reply_all). Must still pass."""
+    m = copy.deepcopy(turns)
+    sites = [(ti, si) for ti, si in _write_sites(turns) if turns[ti][si][0] == "mail_reply" and not turns[ti][si][1].get("reply_all")]
+    for ti, si in sites:
+        m[ti][si][1]["reply_all"] = True
+    if sites:
+        yield f"{len(sites)} replies with reply_all", _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -1029,7 +1052,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,
-             "when_in_words (control)": ctl_when_in_words, "fields_typed_differently (control)": ctl_fields_typed_differently}
+             "when_in_words (control)": ctl_when_in_words, "fields_typed_differently (control)": ctl_fields_typed_differently,
+             "internal_note (control)": ctl_internal_note, "reply_to_all (control)": ctl_reply_to_all}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

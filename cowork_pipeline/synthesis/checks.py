@@ -327,17 +327,23 @@ return False"""
 
 
 def _after_event(p: dict[str, Any], strict: bool) -> str:
-    """Turn order: the agent's successful ``tool`` call happened after the world event by ``actor``."""
+    """Turn order: the agent's successful ``tool`` calls (those with the arguments in ``args``, when
+    given: the call that does the item's work, not an internal note beside it) came after the world
+    event by ``actor``."""
     if not strict:
         return f"return len(_agent_calls(ev, {p['tool']!r})) > 0"
-    return f"""seen = None
+    args = p.get("args") or {}
+    return f"""want = {args!r}
+seen = None
+done = False
 for e in ev["audit"]:
     if e["actor"] == {p['actor']!r} and seen is None:
         seen = e["seq"]
-    if e["actor"] == "agent" and e["tool"] == {p['tool']!r} and e["ok"]:
+    if e["actor"] == "agent" and e["tool"] == {p['tool']!r} and e["ok"] and all(e["args"].get(k) == v for k, v in want.items()):
         if seen is None:
             return False
-return seen is not None and len(_agent_calls(ev, {p['tool']!r})) > 0"""
+        done = True
+return done"""
 
 
 def _reply_mentions(p: dict[str, Any], strict: bool) -> str:

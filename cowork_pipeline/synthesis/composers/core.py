@@ -152,7 +152,7 @@ def ticket_triage_followup(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"],
                                             "fields": {"status": "pending", "priority": "high", "assignee": oncall["email"]}}, service="helpdesk"), 1.0, turn=1),
         ItemPlan("after_update", "The acknowledgement came after the customer's update",
-                 CheckSpec("after_event", {"actor": "customer", "tool": "helpdesk_add_comment"}, service="helpdesk"), 1.0, turn=1),
+                 CheckSpec("after_event", {"actor": "customer", "tool": "helpdesk_add_comment", "args": {"public": True}}, service="helpdesk"), 1.0, turn=1),
     ]
     return Composition(
         title=f"Triage '{subject}' and follow up", world=wb, turns=[Turn(user=user1), Turn(user=user2, events=[event])],
@@ -198,7 +198,7 @@ def quote_followup(ctx: Ctx) -> Composition:
         ItemPlan("thanked", "A reply thanks the buyer in the acceptance thread",
                  CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": ["thank"], "in_reply_to": reply_id}, service="mail"), 1.0, turn=1),
         ItemPlan("won_after_acceptance", "The deal was marked won only after the acceptance arrived",
-                 CheckSpec("after_event", {"actor": "customer", "tool": "crm_update_deal"}, service="crm"), 1.0, turn=1),
+                 CheckSpec("after_event", {"actor": "customer", "tool": "crm_update_deal", "args": {"stage": "won"}}, service="crm"), 1.0, turn=1),
     ]
     return Composition(
         title=f"Quote and close '{deal['name']}'", world=wb, turns=[Turn(user=user1), Turn(user=user2, events=[event])],
