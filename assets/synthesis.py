@@ -53,6 +53,7 @@ def _synth_suites(max_rounds: int) -> dict[str, list[Expect]]:
             Expect("ExpectColumnValuesToBeBetween", {"column": "kill_rate", "min_value": 1.0, "max_value": 1.0}, "every mutant killed"),
             Expect("ExpectColumnValuesToBeInSet", {"column": "deterministic", "value_set": [True]}, "same trajectory, same verdict"),
             Expect("ExpectColumnValuesToBeInSet", {"column": "fault_pass", "value_set": [True]}, "reference survives injected faults"),
+            Expect("ExpectColumnValuesToBeInSet", {"column": "equivalent_pass", "value_set": [True]}, "correct work done another way passes"),
         ],
         "rejected_environments": [Expect("ExpectColumnValuesToBeUnique", {"column": "env_id"})],
         "repair_telemetry": [Expect("ExpectColumnValuesToBeBetween", {"column": "survival_rate", "min_value": 0.0, "max_value": 1.0})],

@@ -589,7 +589,7 @@ class _Tracer:
         if status == "certified":
             n.attrs = {"status": "certified", **{k: r.get(k) for k in (
                 "capability_id", "seed", "multi_turn", "n_turns", "n_items", "rounds", "spec_hash", "capability_fingerprint",
-                "difficulty", "difficulty_bucket", "mutants", "kill_rate", "reference_pass", "null_pass", "fault_pass",
+                "difficulty", "difficulty_bucket", "mutants", "kill_rate", "reference_pass", "null_pass", "fault_pass", "equivalent_pass",
                 "deterministic", "validator_version", "final_attempt_id")}}
         else:
             n.attrs = {"status": "rejected", **{k: r.get(k) for k in ("capability_id", "seed", "rounds", "codes", "reasons",

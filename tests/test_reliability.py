@@ -179,7 +179,7 @@ def expected_ids(tables: SynthesisTables, table: str) -> list[str]:
     return sorted(frame[SYNTH_IDS[table]].to_list())
 
 
-VERDICT_COLUMNS = ["env_id", "spec_json", "spec_hash", "reference_pass", "null_pass", "fault_pass", "deterministic", "mutants",
+VERDICT_COLUMNS = ["env_id", "spec_json", "spec_hash", "reference_pass", "null_pass", "fault_pass", "equivalent_pass", "deterministic", "mutants",
                    "kill_rate", "confusion_json", "mutants_json", "difficulty", "rounds", "final_attempt_id"]
 
 

@@ -1114,7 +1114,7 @@ def test_run_synthesis_tables_have_the_documented_schemas(backend, validator):
     for row in t.validated.iter_rows(named=True):
         spec = EnvironmentSpec.from_json(row["spec_json"])
         assert spec.content_hash() == row["spec_hash"] and spec.env_id == row["env_id"]
-        assert row["reference_pass"] and not row["null_pass"] and row["fault_pass"] and row["kill_rate"] == 1.0
+        assert row["reference_pass"] and not row["null_pass"] and row["fault_pass"] and row["equivalent_pass"] and row["kill_rate"] == 1.0
         assert row["capability_fingerprint"] == cap.fingerprint() and row["final_attempt_id"].endswith(f"a{row['rounds']}")
         assert row["mutants"] == len(json.loads(row["mutants_json"])) and row["n_turns"] == len(spec.turns)
         log = t.repair_log.filter(pl.col("attempt_id") == row["final_attempt_id"]).row(0, named=True)
@@ -1123,6 +1123,22 @@ def test_run_synthesis_tables_have_the_documented_schemas(backend, validator):
     again = run_synthesis(cap, seeds, backend, validator)
     assert again.validated.drop("spec_json").equals(t.validated.drop("spec_json"))
     assert again.drafts.equals(t.drafts)
+
+
+def test_validated_environments_suite_blocks_each_failed_certification_rule(outcomes, backend):
+    """The blocking GX suite of validated_environments passes the real rows and fails any row that
+    breaks one certification rule (the equivalent variant included)."""
+    from assets.synthesis import _synth_suites
+    from cowork_pipeline.quality import validate
+
+    suite = _synth_suites(3)["validated_environments"]
+    good = pl.concat([tables_from(CATALOG[cid], outs, backend).validated for cid, outs in outcomes.items()])
+    assert validate(good, "validated_environments", suite).success
+    for column, bad in [("reference_pass", False), ("null_pass", True), ("fault_pass", False), ("equivalent_pass", False),
+                        ("deterministic", False), ("kill_rate", 0.9)]:
+        frame = good.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit(bad)).otherwise(pl.col(column)).alias(column))
+        res = validate(frame, "validated_environments", suite)
+        assert not res.success and [f["kwargs"]["column"] for f in res.failures] == [column], (column, res.failures)
 
 
 def test_tables_from_catalog_outcomes(outcomes, backend):

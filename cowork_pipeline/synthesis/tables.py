@@ -23,7 +23,7 @@ LOG_SCHEMA = {"attempt_id": pl.String, "env_id": pl.String, "capability_id": pl.
 ENV_SCHEMA = {"env_id": pl.String, "capability_id": pl.String, "seed": pl.Int64, "title": pl.String, "multi_turn": pl.Boolean,
               "n_turns": pl.Int64, "n_items": pl.Int64, "rounds": pl.Int64, "spec_json": pl.String, "spec_hash": pl.String,
               "capability_fingerprint": pl.String, "generator_backend": pl.String, "generator_version": pl.String,
-              "validator_version": pl.String, "reference_pass": pl.Boolean, "null_pass": pl.Boolean, "fault_pass": pl.Boolean,
+              "validator_version": pl.String, "reference_pass": pl.Boolean, "null_pass": pl.Boolean, "fault_pass": pl.Boolean, "equivalent_pass": pl.Boolean,
               "deterministic": pl.Boolean, "mutants": pl.Int64, "kill_rate": pl.Float64, "confusion_json": pl.String,
               "mutants_json": pl.String, "difficulty": pl.Float64, "difficulty_bucket": pl.String, "final_attempt_id": pl.String}
 REJ_SCHEMA = {"env_id": pl.String, "capability_id": pl.String, "seed": pl.Int64, "rounds": pl.Int64, "codes": pl.List(pl.String),
@@ -66,7 +66,7 @@ def tables_from(capability: Capability, outcomes: Sequence[Outcome], backend: Ge
                 "spec_json": spec.to_json(), "spec_hash": spec.content_hash(), "capability_fingerprint": capability.fingerprint(),
                 "generator_backend": spec.generator.backend, "generator_version": spec.generator.version,
                 "validator_version": VALIDATOR_VERSION, "reference_pass": c.reference_pass, "null_pass": c.null_pass,
-                "fault_pass": c.fault_pass, "deterministic": c.deterministic, "mutants": len(c.mutants), "kill_rate": c.kill_rate,
+                "fault_pass": c.fault_pass, "equivalent_pass": c.equivalent_pass, "deterministic": c.deterministic, "mutants": len(c.mutants), "kill_rate": c.kill_rate,
                 "confusion_json": json.dumps(c.confusion, sort_keys=True), "mutants_json": json.dumps(c.mutants, sort_keys=True),
                 "difficulty": c.difficulty, "difficulty_bucket": c.difficulty_bucket, "final_attempt_id": fin.draft.draft_id,
             })
