@@ -900,6 +900,19 @@ def op_misstated_time(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: {text[:60]!r} -> hours + 1", _program(spec, m)
 
 
+def op_misstated_date(spec, turns, ref):
+    """Every record right, but a message gives a date one day off (the wrong day is announced)."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _ISO_DAY.search(text):
+            m = copy.deepcopy(turns)
+            args = m[ti][si][1]
+            for key in (k, "subject"):
+                if isinstance(args.get(key), str):
+                    args[key] = _ISO_DAY.sub(lambda x: (datetime(int(x.group(1)), int(x.group(2)), int(x.group(3)))
+                                                        + timedelta(days=1)).strftime("%Y-%m-%d"), args[key])
+            yield f"{turns[ti][si][0]}.{k}: {text[:60]!r} -> dates + 1 day", _program(spec, m)
+
+
 def op_empty_reply(spec, turns, ref):
     """CONTROL: every action done right, the final reply text empty. Must still pass."""
     yield "all actions, empty replies", _program(spec, turns, replies=["" for _ in turns])
@@ -1049,6 +1062,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "unrequested_email": op_unrequested_email, "duplicate_message": op_duplicate_message,
              "misstated_amount": op_misstated_amount, "date_a_day_late": op_date_a_day_late, "assigned_to_me": op_assigned_to_me,
              "reply_in_another_thread": op_reply_in_another_thread, "misstated_time": op_misstated_time,
+             "misstated_date": op_misstated_date,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,

@@ -309,6 +309,7 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
     if m["channel_id"] != {p['channel_id']!r} or m["author"] != ev["profile"].get("email") or not _has(m["text"], {p.get('includes', [])!r}):
         continue
 {_amounts_test('m["text"]', p)}
+{_when_test('m["text"]', p)}
     return True
 return False"""
 

@@ -486,8 +486,8 @@ def calendar_cancel_notify(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("cancelled", f"'{title}' on {day:%Y-%m-%d} is cancelled",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"], "fields": {"status": "cancelled"}}, service="calendar"), 2.0),
-        ItemPlan("notice_posted", f"A post in #{chan} says '{title}' is cancelled",
-                 CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title, "cancel"]}, service="chat"), 1.0),
+        ItemPlan("notice_posted", f"A post in #{chan} says '{title}' on {day:%Y-%m-%d} is cancelled",
+                 CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title, "cancel"], "when": {"date": f"{day:%Y-%m-%d}"}}, service="chat"), 1.0),
     ]
     return Composition(
         title=f"Cancel '{title}' and tell #{chan}", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
