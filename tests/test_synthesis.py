@@ -196,6 +196,40 @@ def test_every_capability_certifies(cid, outcomes):
         assert c.difficulty_bucket in ("easy", "medium", "hard") and 0.0 <= c.difficulty <= 1.0
 
 
+def _sent_evidence(subject: str, body: str, to: str = "ap@acme.example") -> dict[str, Any]:
+    msg = {"id": "msg_0001", "folder": "sent", "to": [to], "cc": [], "subject": subject, "body": body, "in_reply_to": None}
+    return {"final": {"mail.messages": {"msg_0001": msg}}, "diff": {"mail.messages": {"added": {"msg_0001": msg}, "changed": {}, "removed": []}},
+            "audit": [], "replies": [], "profile": {"email": "me@ourco.example"}}
+
+
+def _run_check(code: str, ev: dict[str, Any]) -> bool:
+    scope: dict[str, Any] = {}
+    exec(compile(code, "<checker>", "exec"), scope)  # noqa: S102 - our own generated source, judged here as text
+    return scope["check"](ev)
+
+
+def test_messages_naming_another_record_fail_at_word_edges():
+    """``excludes``: a confirmation that names another invoice fails even when its subject names the right
+    one; names match at word edges (INV-123 is not named by INV-1234) and in any case or spacing."""
+    code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "excludes": ["INV-123", "Globex  Corp"]}))
+    assert _run_check(code, _sent_evidence("Invoice INV-1234", "Invoice INV-1234 is corrected."))
+    assert not _run_check(code, _sent_evidence("Invoice INV-1234", "Invoice INV-123 is corrected."))
+    assert not _run_check(code, _sent_evidence("Invoice INV-1234", "Done, as agreed with globex corp."))
+    assert _run_check(code, _sent_evidence("Invoice INV-1234", "Done, as agreed with Globexia."))
+    assert _run_check(source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": [], "excludes": []})), _sent_evidence("Hi", "Done."))
+
+
+def test_other_names_leaves_out_what_the_right_name_contains():
+    from cowork_pipeline.synthesis.composers._common import other_names
+
+    state = {"calendar.events": {k: {"title": t} for k, t in
+                                 [("a", "Hiring debrief"), ("b", "Hiring debrief prep"), ("c", "Standup"), ("d", "hiring  DEBRIEF"), ("e", "Debrief")]}}
+    assert other_names(state, "calendar.events", "title", "Hiring debrief") == ["Hiring debrief prep", "Standup"]
+    assert other_names(state, "calendar.events", "title", "Hiring debrief", similar=True) == ["Hiring debrief prep"]
+    assert other_names(state, "calendar.events", "title", "Hiring debrief prep", similar=True) == []  # all named by the right title
+    assert other_names({}, "crm.invoices", "number", "INV-1") == []
+
+
 # ---- 3. validator rules, each on a planted flaw --------------------------------------------------------
 SOME_MAIL_SENT = ("def check(ev):\n    added = ev['diff'].get('mail.messages', {}).get('added', {})\n"
                   "    return any(m.get('folder') == 'sent' for m in added.values())\n")
@@ -1056,18 +1090,159 @@ def ctl_reply_to_all(spec, turns, ref):
         yield f"{len(sites)} replies with reply_all", _program(spec, m)
 
 
+_FACT_FIELDS = ("title", "subject", "name", "number", "id")
+
+
+def op_names_another_record(spec, turns, ref):
+    """Every record right, but a message names another record of the same kind where it named the right
+    one (another invoice's number, another meeting's or document's title, another person's or company's name)."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        for coll, recs in sorted(spec.world.items()):
+            if coll in ("_meta", "chat.channels"):  # channel names are ordinary words ('support')
+                continue
+            for f in _FACT_FIELDS:
+                named = sorted({r[f] for r in recs.values() if isinstance(r.get(f), str) and len(r[f]) >= 5 and r[f] in text})
+                for v in named:
+                    sib = next((r[f] for _k, r in sorted(recs.items()) if isinstance(r.get(f), str) and r[f] != v and r[f] not in text), None)
+                    if sib is not None:
+                        m = copy.deepcopy(turns)
+                        m[ti][si][1][k] = text.replace(v, sib)
+                        yield f"{turns[ti][si][0]}.{k}: {coll}.{f} {v!r} -> {sib!r}", _program(spec, m)
+
+
+def op_terse_message(spec, turns, ref):
+    """Every record right, every message body just 'Done.' (subjects untouched)."""
+    m = copy.deepcopy(turns)
+    sites = list(_outgoing_texts(turns))
+    for ti, si, k, _text in sites:
+        m[ti][si][1][k] = "Done."
+    if sites:
+        yield f"{len(sites)} message bodies -> 'Done.'", _program(spec, m)
+
+
+def op_undone_update(spec, turns, ref):
+    """The right update, then a second one that puts the record's old values back."""
+    for ti, si, tool, args, rec in _updates(spec, turns):
+        back = {k: rec[k] for k in args if k in rec and not k.endswith("_id") and rec[k] != args[k]}
+        ids = {k: v for k, v in args.items() if k.endswith("_id")}
+        if back and ids:
+            m = copy.deepcopy(turns)
+            m[ti].insert(si + 1, (tool, {**ids, **back}, None))
+            yield f"{tool} then undone: {sorted(back)}", _program(spec, m)
+
+
+def op_copy_outside(spec, turns, ref):
+    """Everything right, plus the first message's text emailed to a personal outside address."""
+    if "mail_send" in spec.tools:
+        for _ti, _si, _k, text in _outgoing_texts(turns):
+            m = copy.deepcopy(turns)
+            m[-1].append(("mail_send", {"to": ["j.doe.home@gmail.com"], "subject": "fyi", "body": text}, None))
+            yield "the first message's text also sent to gmail", _program(spec, m)
+            return
+
+
+def op_outside_recipient_added(spec, turns, ref):
+    """An outside address added to the first recipient / attendee / share list."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for k in RECIPIENT_LISTS:
+            v = args.get(k)
+            if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = v + ["j.doe.home@gmail.com"]
+                yield f"{tool}.{k} + j.doe.home@gmail.com", _program(spec, m)
+                return
+
+
+def op_later_turn_skipped(spec, turns, ref):
+    """Multi-turn: the last turn reads but writes nothing (the follow-up never happens)."""
+    if len(turns) > 1 and any(_writes(t) for t, _a, _r in turns[-1]):
+        m = copy.deepcopy(turns)
+        m[-1] = [st for st in m[-1] if not _writes(st[0])]
+        yield "last turn's writes dropped", _program(spec, m)
+
+
+def op_follow_up_too_early(spec, turns, ref):
+    """Multi-turn: the second turn's writes done already in the first, before the world changed."""
+    if len(turns) > 1 and any(_writes(t) for t, _a, _r in turns[1]):
+        m = copy.deepcopy(turns)
+        m[0] += [copy.deepcopy(st) for st in turns[1] if _writes(st[0])]
+        m[1] = [st for st in m[1] if not _writes(st[0])]
+        yield "turn-2 writes done in turn 1", _program(spec, m)
+
+
+def ctl_greeting_and_signature(spec, turns, ref):
+    """CONTROL: every message with a greeting and a signature around the reference's text. Must still pass."""
+    m = copy.deepcopy(turns)
+    sites = list(_outgoing_texts(turns))
+    for ti, si, k, text in sites:
+        m[ti][si][1][k] = f"Hello,\n\n{text}\n\nKind regards,\nAlex (sent from my phone)"
+    if sites:
+        yield f"{len(sites)} messages with greeting and signature", _program(spec, m)
+
+
+def ctl_lists_reordered(spec, turns, ref):
+    """CONTROL: recipient / attendee / share lists in reverse order, nobody dropped. Must still pass."""
+    m = copy.deepcopy(turns)
+    changed = []
+    for ti, si in _write_sites(turns):
+        for k in RECIPIENT_LISTS:
+            v = turns[ti][si][1].get(k)
+            if isinstance(v, list) and len(v) >= 2:
+                m[ti][si][1][k] = list(reversed(v))
+                changed.append(f"{turns[ti][si][0]}.{k}")
+    if changed:
+        yield ", ".join(changed) + " reversed", _program(spec, m)
+
+
+def ctl_subject_reworded(spec, turns, ref):
+    """CONTROL: new emails' subjects reworded ('Update: ' + lower case). Must still pass."""
+    m = copy.deepcopy(turns)
+    sites = [(ti, si) for ti, si in _write_sites(turns) if turns[ti][si][0] == "mail_send" and isinstance(turns[ti][si][1].get("subject"), str)]
+    for ti, si in sites:
+        m[ti][si][1]["subject"] = "Update: " + turns[ti][si][1]["subject"].lower()
+    if sites:
+        yield f"{len(sites)} subjects reworded", _program(spec, m)
+
+
+def ctl_independent_writes_swapped(spec, turns, ref):
+    """CONTROL: two consecutive writes on different records of one turn done in the other order (when no
+    later call uses what they create). Must still pass."""
+    for ti, steps in enumerate(turns):
+        for si in range(len(steps) - 1):
+            (ta, aa, ra), (tb, ab, rb) = steps[si], steps[si + 1]
+            if not (_writes(ta) and _writes(tb)) or aa == ab:
+                continue
+            ids_a, ids_b = ({v for k, v in x.items() if k.endswith("_id")} for x in (aa, ab))
+            if ids_a & ids_b:
+                continue
+            later = json.dumps([x for t in turns[ti:] for _tool, x, _r in t])
+            created = [r["id"] for r, ids in ((ra, ids_a), (rb, ids_b)) if isinstance(r, dict) and r.get("id") and r["id"] not in ids]
+            if any(c in later for c in created):  # ids are minted in call order: a later call would name the wrong record
+                continue
+            m = copy.deepcopy(turns)
+            m[ti][si], m[ti][si + 1] = m[ti][si + 1], m[ti][si]
+            yield f"turn {ti}: {ta} and {tb} swapped", _program(spec, m)
+            return
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
              "unrequested_email": op_unrequested_email, "duplicate_message": op_duplicate_message,
              "misstated_amount": op_misstated_amount, "date_a_day_late": op_date_a_day_late, "assigned_to_me": op_assigned_to_me,
              "reply_in_another_thread": op_reply_in_another_thread, "misstated_time": op_misstated_time,
-             "misstated_date": op_misstated_date,
+             "misstated_date": op_misstated_date, "names_another_record": op_names_another_record,
+             "terse_message": op_terse_message, "undone_update": op_undone_update, "copy_outside": op_copy_outside,
+             "outside_recipient_added": op_outside_recipient_added, "later_turn_skipped": op_later_turn_skipped,
+             "follow_up_too_early": op_follow_up_too_early,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,
              "when_in_words (control)": ctl_when_in_words, "fields_typed_differently (control)": ctl_fields_typed_differently,
-             "internal_note (control)": ctl_internal_note, "reply_to_all (control)": ctl_reply_to_all}
+             "internal_note (control)": ctl_internal_note, "reply_to_all (control)": ctl_reply_to_all,
+             "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
+             "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -209,6 +209,27 @@ def date_forms(iso: str) -> list[str]:
     return list(dict.fromkeys(forms))
 
 
+def name_form(s: str) -> str:
+    """A name as ``_mentions`` compares it: lower case, commas as spaces, single spaces."""
+    return " ".join(str(s).lower().replace(",", " ").split())
+
+
+def _excluded(names: Any) -> str:
+    """``names`` as one "|"-joined string of comparable forms (a string, unlike a list literal, keeps the
+    checker's skeleton the same whatever the number of names)."""
+    return "|".join(dict.fromkeys(f for f in (name_form(x) for x in names or []) if f and "|" not in f))
+
+
+def _excludes_test(text: str, p: dict[str, Any]) -> str:
+    """A loop-body guard: ``text`` names none of ``excludes`` (other records' numbers, titles, names):
+    a confirmation about invoice INV-1458 that names INV-3085 misinforms its reader even when its
+    subject line is right. Names match at word edges, so INV-123 is not found in INV-1234."""
+    names = _excluded(p.get("excludes"))
+    if not names:
+        return ""
+    return f"    if _mentions({text}, {names!r}.split('|')):\n        continue"
+
+
 def _when_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` states the date and time in ``when`` in any usual way (2026-03-05,
     March 5th, 5 Mar; 15:00, 3pm, 3:00 p.m.), not only as the reference wrote it. The notations are
@@ -235,6 +256,7 @@ for m in _sent(ev):
 {"    if m.get('in_reply_to') != " + repr(reply_to) + ":" + chr(10) + "        continue" if reply_to is not None else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
+{_excludes_test('m["subject"] + " " + m["body"]', p)}
 {_amounts_test('m["subject"] + " " + m["body"]', p)}
 {_when_test('m["subject"] + " " + m["body"]', p)}
     return True
@@ -243,6 +265,8 @@ return False"""
 
 def _record_created(p: dict[str, Any], strict: bool) -> str:
     coll, match, includes = p["collection"], p.get("match", {}), p.get("includes", {})
+    excludes = {k: _excluded(v) for k, v in (p.get("excludes") or {}).items() if _excluded(v)}
+    unless = f" and not any(_mentions(r.get(k, ''), v.split('|')) for k, v in {excludes!r}.items())" if excludes else ""
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
     # a record is skipped at its first mismatching field (the checker scans every new record)
@@ -258,7 +282,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         elif got != v:
             break
     else:
-        if all(_has(r.get(k, ""), needles) for k, needles in {includes!r}.items()):
+        if all(_has(r.get(k, ""), needles) for k, needles in {includes!r}.items()){unless}:
             return True
 return False"""
 
@@ -308,6 +332,7 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
     return f"""for m in _new(ev, "chat.messages"):
     if m["channel_id"] != {p['channel_id']!r} or m["author"] != ev["profile"].get("email") or not _has(m["text"], {p.get('includes', [])!r}):
         continue
+{_excludes_test('m["text"]', p)}
 {_amounts_test('m["text"]', p)}
 {_when_test('m["text"]', p)}
     return True
@@ -318,11 +343,13 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
     tid = p["ticket_id"]
     if not strict:
         return f"return {tid!r} in ev['diff'].get('helpdesk.tickets', {{}}).get('changed', {{}})"
+    names = _excluded(p.get("excludes"))
+    unless = f" and not _mentions(c['body'], {names!r}.split('|'))" if names else ""
     return f"""t = _coll(ev, "helpdesk.tickets").get({tid!r})
 if t is None:
     return False
 for c in t["comments"]:
-    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}):
+    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}){unless}:
         return True
 return False"""
 

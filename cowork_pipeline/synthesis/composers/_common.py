@@ -21,3 +21,26 @@ def mention(coll: str, field: str, value: str, role: str, partial: bool = False)
 
 def _at(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _words(s: str) -> set[str]:
+    return {w for w in "".join(c if c.isalnum() else " " for c in s.lower()).split() if len(w) >= 4}
+
+
+def other_names(state: dict[str, dict[str, dict[str, Any]]], coll: str, field: str, *right: str, similar: bool = False) -> list[str]:
+    """The ``field`` of the other records of ``coll``: what a message about the right record must not name
+    in its place (another invoice's number, another customer's name). Values the right ones contain are
+    left out ('Hiring debrief' is named by 'Hiring debrief prep' itself; when it is the wrong one, the
+    right title is missing anyway). ``similar``: only values sharing a word with a right one (titles
+    such as 'Standup' or 'Notes 1' are ordinary words a correct message may use; 'Hiring debrief prep'
+    next to 'Hiring debrief' is the confusable one)."""
+    want = [" ".join(r.lower().split()) for r in right]
+    words = set().union(*(_words(r) for r in right)) if right else set()
+    out = set()
+    for rec in state.get(coll, {}).values():
+        v = rec.get(field)
+        if not isinstance(v, str) or not v.strip() or any(" ".join(v.lower().split()) in w for w in want):
+            continue
+        if not similar or _words(v) & words:
+            out.add(v)
+    return sorted(out)

@@ -6,7 +6,7 @@ from zoneinfo import ZoneInfo
 
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
-from cowork_pipeline.synthesis.composers._common import V, first, mention
+from cowork_pipeline.synthesis.composers._common import V, first, mention, other_names
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
 
@@ -45,7 +45,8 @@ def invoice_reconcile(ctx: Ctx) -> Composition:
     ], reply=f"Invoice {number} is corrected to {new:.2f} USD and I confirmed it to {cust['name']}.")]
     items = [
         ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}}, service="crm"), 2.0),
-        ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "in_reply_to": msg["id"]}, service="mail")),
+        ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "in_reply_to": msg["id"],
+                                                                                                                  "excludes": other_names(wb.state, "crm.invoices", "number", number)}, service="mail")),
     ]
     return Composition(
         title=f"Reconcile invoice {number} for {acc['name']}", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
@@ -146,7 +147,8 @@ def ticket_triage_followup(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"], "fields": {"priority": "high", "assignee": oncall["email"],
                                                                                                    "status": tkt["status"]}}, service="helpdesk"), 2.0, turn=0),
         ItemPlan("acknowledged", f"A public comment acknowledges the update ('{key}')",
-                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "includes": [key]}, service="helpdesk"), 1.0, turn=1),
+                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "includes": [key],  # not naming last week's on-call
+                                             "excludes": [o["name"] for o in others if o["name"] != oncall["name"]]}, service="helpdesk"), 1.0, turn=1),
         # judged on the whole record: the follow-up must not undo the triage
         ItemPlan("pending", "Ticket status is pending, still high priority with the on-call engineer",
                  CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"],
@@ -191,12 +193,14 @@ def quote_followup(ctx: Ctx) -> Composition:
     event = Event(tool="mail_deliver", actor="customer", args={
         "id": reply_id, "sender": buyer["email"], "to": [me["email"]], "subject": f"Re: Quote: {deal['name']}",
         "body": f"Hi {first(me['name'])}, we accept the quote of {amount:.2f} USD. Please go ahead.\n{buyer['name']}"})
+    # the buyer must not read another customer's or another deal's name (a leak and a wrong quote)
+    wrong = other_names(wb.state, "crm.accounts", "name", acc["name"], deal["name"]) + other_names(wb.state, "crm.deals", "name", deal["name"])
     items = [
         ItemPlan("quote_sent", f"Quote email to {buyer['email']} states {amount:.2f}",
-                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": [], "amounts": [amount]}, service="mail"), 2.0, turn=0),
+                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": [], "amounts": [amount], "excludes": wrong}, service="mail"), 2.0, turn=0),
         ItemPlan("deal_won", "Deal stage is won", CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won"}}, service="crm"), 2.0, turn=1),
         ItemPlan("thanked", "A reply thanks the buyer in the acceptance thread",
-                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": ["thank"], "in_reply_to": reply_id}, service="mail"), 1.0, turn=1),
+                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": ["thank"], "in_reply_to": reply_id, "excludes": wrong}, service="mail"), 1.0, turn=1),
         ItemPlan("won_after_acceptance", "The deal was marked won only after the acceptance arrived",
                  CheckSpec("after_event", {"actor": "customer", "tool": "crm_update_deal", "args": {"stage": "won"}}, service="crm"), 1.0, turn=1),
     ]

@@ -8,7 +8,7 @@ from typing import Any, Callable
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
-from cowork_pipeline.synthesis.composers._common import V, _at, first, mention
+from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE, DOMAIN, slug
 
@@ -126,7 +126,8 @@ def share_doc_internal(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "docs.documents", "id": doc["id"], "fields": {"shared_with": sorted(emails)}},
                            service="docs"), 2.0),
         ItemPlan("notified", f"An email to {', '.join(emails)} says '{title}' is shared",
-                 CheckSpec("mail_sent", {"to": emails, "includes": [title]}, service="mail"), 1.0),
+                 CheckSpec("mail_sent", {"to": emails, "includes": [title],
+                                         "excludes": other_names(wb.state, "docs.documents", "title", title, similar=True)}, service="mail"), 1.0),
     ]
     return Composition(
         title=f"Share '{title}' internally", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
@@ -245,6 +246,7 @@ def meeting_reschedule(ctx: Ctx) -> Composition:
         "id": reply_id, "sender": responder["email"], "to": [me["email"]], "subject": f"Re: {topic} moved to {h1:02d}:00 UTC",
         "body": f"Hi {first(me['name'])}, sorry, {h1:02d}:00 does not work for me that day. Could we do {h2:02d}:00 UTC instead?\n"
                 f"{responder['name']}"})
+    wrong = other_names(wb.state, "calendar.events", "title", topic, similar=True)  # its prep slot, its follow-ups
     items = [
         # Judged on the world as turn 1 left it (turn 2 moves the meeting again).
         ItemPlan("moved_first", f"At the end of turn 1 the meeting starts {new1:%Y-%m-%d %H:%M} UTC and lasts {minutes} minutes",
@@ -252,12 +254,14 @@ def meeting_reschedule(ctx: Ctx) -> Composition:
                                             "fields": {"start": new1.isoformat(), "end": (new1 + dur).isoformat()}}, service="calendar"), 2.0,
                  turn=0),
         ItemPlan("attendees_told", f"An email to every attendee gives the new time ({h1:02d}:00)",
-                 CheckSpec("mail_sent", {"to": emails, "includes": [], "when": {"date": f"{new1:%Y-%m-%d}", "time": f"{h1:02d}:00"}}, service="mail"), 1.0, turn=0),
+                 CheckSpec("mail_sent", {"to": emails, "includes": [topic], "excludes": wrong, "when": {"date": f"{new1:%Y-%m-%d}", "time": f"{h1:02d}:00"}},
+                           service="mail"), 1.0, turn=0),
         ItemPlan("moved_again", f"The meeting now starts {new2:%Y-%m-%d %H:%M} UTC and lasts {minutes} minutes",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"],
                                             "fields": {"start": new2.isoformat(), "end": (new2 + dur).isoformat()}}, service="calendar"), 2.0, turn=1),
         ItemPlan("confirmed", f"A reply to {responder['email']} in their thread confirms {h2:02d}:00 on {new2:%Y-%m-%d}",
-                 CheckSpec("mail_sent", {"to": [responder["email"]], "includes": [], "when": {"date": f"{new2:%Y-%m-%d}", "time": f"{h2:02d}:00"}, "in_reply_to": reply_id}, service="mail"), 1.0,
+                 CheckSpec("mail_sent", {"to": [responder["email"]], "includes": [], "when": {"date": f"{new2:%Y-%m-%d}", "time": f"{h2:02d}:00"}, "in_reply_to": reply_id,
+                                         "excludes": wrong}, service="mail"), 1.0,
                  turn=1),
         ItemPlan("after_reply", "The confirmation came after the attendee's email",
                  CheckSpec("after_event", {"actor": "attendee", "tool": "mail_reply"}, service="mail"), 1.0, turn=1),
@@ -330,7 +334,10 @@ def confidential_request(ctx: Ctx) -> Composition:
         ItemPlan("asked_owner", f"The request was forwarded to the owner {owner['email']}",
                  CheckSpec("mail_sent", {"to": [owner["email"]], "includes": [req["email"], f"Fwd: Request: {conf_title}"]}, service="mail"), 2.0, turn=0),
         ItemPlan("summary_sent", f"{req['email']} received '{pub_title}' as an attachment",
-                 CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent", "to": [req["email"]], "attachments": [att]}},
+                 CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent", "to": [req["email"]], "attachments": [att]},
+                                              # nor names an older confidential version as what it sends
+                                              "excludes": {"body": other_names(wb.state, "docs.documents", "title", conf_title, pub_title,
+                                                                               similar=True)}},
                            service="mail"), 2.0, turn=1),
         ItemPlan("after_approval", "The summary was sent only after the owner's answer",
                  CheckSpec("after_event", {"actor": "owner", "tool": "mail_send"}, service="mail"), 1.0, turn=1),

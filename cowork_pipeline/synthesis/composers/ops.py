@@ -8,7 +8,7 @@ from typing import Any, Callable
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
-from cowork_pipeline.synthesis.composers._common import V, _at, first, mention
+from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE, DOMAIN, ROLES, slug
 
@@ -91,7 +91,8 @@ def deal_won_from_chat(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won", "amount": final}},
                            service="crm"), 2.0, extra={"piece": "final"}),
         ItemPlan("confirmed", f"A post in #deals confirms '{deal['name']}' at {final:.2f}",
-                 CheckSpec("chat_posted", {"channel_id": deals["id"], "includes": [deal["name"]], "amounts": [final]}, service="chat"), 1.0),
+                 CheckSpec("chat_posted", {"channel_id": deals["id"], "includes": [deal["name"]], "amounts": [final],
+                                           "excludes": other_names(wb.state, "crm.deals", "name", deal["name"])}, service="chat"), 1.0),
     ]
     return Composition(
         title=f"Close '{deal['name']}' from the #deals announcement", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
@@ -154,7 +155,9 @@ def chat_escalation(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"], "fields": {"priority": "urgent", "assignee": eng["email"]}},
                            service="helpdesk"), 2.0),
         ItemPlan("internal_note", "An internal (non-public) comment on the ticket mentions the outage",
-                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": False, "includes": ["outage"]}, service="helpdesk"), 1.0),
+                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": False, "includes": ["outage"],  # nor another engineer's name
+                                             "excludes": other_names(wb.state, "directory.people", "name", eng["name"], reporter["name"], me["name"])},
+                           service="helpdesk"), 1.0),
     ]
     return Composition(
         title=f"Escalate the {system} outage at {acc['name']}", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
@@ -214,7 +217,8 @@ def weekly_task_digest(ctx: Ctx) -> Composition:
         ItemPlan("digest_posted", f"A post in #eng-team lists every open task of {col['name']}: {', '.join(open_t)}",
                  CheckSpec("chat_posted", {"channel_id": team["id"], "includes": list(open_t)}, service="chat"), 2.0),
         ItemPlan("only_open", "The digest leaves out done tasks and other people's tasks",
-                 CheckSpec("chat_excludes", {"channel_id": team["id"], "excludes": sorted(dict.fromkeys(done_t + mate_t))}, service="chat"), 1.0,
+                 CheckSpec("chat_excludes", {"channel_id": team["id"], "excludes": sorted(dict.fromkeys(done_t + mate_t))
+                                                                    + other_names(wb.state, "directory.people", "name", col["name"], me["name"])}, service="chat"), 1.0,
                  extra={"piece": "tasks"}),
     ]
     return Composition(
@@ -358,16 +362,19 @@ def invoice_dispute(ctx: Ctx) -> Composition:
         Step(tool="mail_reply", args={"message_id": V("m"), "body": f"Hi {first(cust['name'])}, we reviewed invoice {number}: the corrected "
                                                                      f"amount is {corrected:.2f} USD. Best, {first(me['name'])}"}),
     ], reply=f"Told {cust['name']} the corrected amount ({corrected:.2f} USD) and set {number} back to open.")
+    wrong = other_names(wb.state, "crm.invoices", "number", number)  # the customer's other invoices among them
     items = [
         ItemPlan("ticket_opened", f"A high-priority ticket about {number} with {cust['email']} as requester",
                  CheckSpec("record_created", {"collection": "helpdesk.tickets", "match": {"requester": cust["email"], "priority": "high"},
-                                              "includes": {"subject": [number]}}, service="helpdesk"), 2.0, turn=0),
+                                              "includes": {"subject": [number]},
+                                              "excludes": {"subject": wrong, "description": wrong}}, service="helpdesk"), 2.0, turn=0),
         # Judged on the world as turn 1 left it (turn 2 sets the status back to open).
         ItemPlan("dispute_recorded", f"At the end of turn 1, invoice {number} is disputed (amount still {old:.2f})",
                  CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"status": "disputed", "amount": old}},
                            service="crm"), 1.0, turn=0),
         ItemPlan("amount_sent", f"A reply to {cust['email']} in the dispute thread gives {corrected:.2f}",
-                 CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [corrected], "in_reply_to": msg_id}, service="mail"),
+                 CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [corrected], "in_reply_to": msg_id, "excludes": wrong},
+                           service="mail"),
                  2.0, turn=1),
         ItemPlan("reopened", f"Invoice {number} is open again at {corrected:.2f}",
                  CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"status": "open", "amount": corrected}},
@@ -433,7 +440,9 @@ def ticket_duplicate_close(ctx: Ctx) -> Composition:
         ItemPlan("duplicate_solved", "The newer ticket is solved",
                  CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": newer["id"], "fields": {"status": "solved"}}, service="helpdesk"), 2.0),
         ItemPlan("points_to_original", f"A public comment on the newer ticket names the older ticket {older['id']}",
-                 CheckSpec("comment_added", {"ticket_id": newer["id"], "public": True, "includes": [older["id"]]}, service="helpdesk"), 1.0),
+                 CheckSpec("comment_added", {"ticket_id": newer["id"], "public": True, "includes": [older["id"]],
+                                             "excludes": other_names(wb.state, "helpdesk.tickets", "id", older["id"], newer["id"])},
+                           service="helpdesk"), 1.0),
     ]
     # "The older ticket stays as it is" is the no_unrelated_changes safety item (only the newer ticket is a target);
     # a field_equals item would not do: its lax form ("the record was touched") fails on the reference.
