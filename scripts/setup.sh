@@ -7,9 +7,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.cowork-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # torch is pinned to the CPU wheel in pyproject.toml; see README "GPU" to use CUDA.
-  .venv/bin/python -m pip install --quiet -e '.[dev]'
+  # constraints.txt: the exact versions the tests last passed with (transformers, trl, ... move fast).
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
   touch "$stamp"
 fi
