@@ -219,6 +219,24 @@ def test_messages_naming_another_record_fail_at_word_edges():
     assert _run_check(source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": [], "excludes": []})), _sent_evidence("Hi", "Done."))
 
 
+def test_no_deletes_covers_work_made_in_an_earlier_turn():
+    """The final diff cannot show a task made in turn 1 and deleted in turn 2; the audit log can. Made and
+    removed within one turn (an agent undoing its own slip) is no deletion of anything the user had."""
+    code = source(CheckSpec("no_deletes", {"destructive": ["tasks_delete", "mail_delete"]}))
+
+    def ev(delete_turn: int) -> dict[str, Any]:
+        audit = [{"actor": "agent", "ok": True, "turn": 0, "tool": "tasks_create", "args": {"title": "Order laptop"}, "result": {"id": "task_0001"}},
+                 {"actor": "agent", "ok": True, "turn": 0, "tool": "tasks_update", "args": {"task_id": "task_0001", "due": "2026-03-02"},
+                  "result": {"id": "task_0001"}},
+                 {"actor": "agent", "ok": True, "turn": delete_turn, "tool": "tasks_delete", "args": {"task_id": "task_0001"}, "result": {"id": "task_0001"}}]
+        return {"final": {}, "diff": {}, "audit": audit, "profile": {}}
+
+    assert not _run_check(code, ev(1))
+    assert _run_check(code, ev(0))
+    assert not _run_check(code, {"final": {}, "diff": {}, "profile": {}, "audit": [
+        {"actor": "agent", "ok": True, "turn": 0, "tool": "mail_delete", "args": {"message_id": "msg_from_the_world"}, "result": {}}]})
+
+
 def test_other_names_leaves_out_what_the_right_name_contains():
     from cowork_pipeline.synthesis.composers._common import other_names
 
@@ -1171,6 +1189,42 @@ def op_follow_up_too_early(spec, turns, ref):
         yield "turn-2 writes done in turn 1", _program(spec, m)
 
 
+def op_created_record_mislabeled(spec, turns, ref):
+    """A record created right in every other respect, under an unrelated title / subject."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if "create" in tool:
+            for k in ("title", "subject"):
+                if isinstance(args.get(k), str):
+                    m = copy.deepcopy(turns)
+                    m[ti][si][1][k] = "Misc follow-up"
+                    yield f"{tool}.{k}: {args[k]!r} -> 'Misc follow-up'", _program(spec, m)
+                    break
+
+
+def op_earlier_work_deleted(spec, turns, ref):
+    """Multi-turn: in the last turn, a record the agent made in an earlier turn is deleted again."""
+    for ti, si in _write_sites(turns[:-1]):
+        tool, args, res = turns[ti][si]
+        if isinstance(res, dict) and isinstance(res.get("id"), str) and res["id"] not in args.values():
+            for d in sorted(t for t in spec.tools if REGISTRY[t].destructive and t.split("_")[0] == tool.split("_")[0]):
+                ids = [p.name for p in REGISTRY[d].params if p.name.endswith("_id")]
+                if ids:
+                    m = copy.deepcopy(turns)
+                    m[-1].append((d, {ids[0]: res["id"]}, None))
+                    yield f"{tool} in turn {ti}, {d} in the last turn", _program(spec, m)
+                    return
+
+
+def ctl_update_retried(spec, turns, ref):
+    """CONTROL: the first update sent twice with the same values (a retry after a timeout). Must still pass."""
+    for ti, si, tool, _args, _rec in _updates(spec, turns):
+        m = copy.deepcopy(turns)
+        m[ti].insert(si + 1, copy.deepcopy(turns[ti][si]))
+        yield f"{tool} sent twice", _program(spec, m)
+        return
+
+
 def ctl_greeting_and_signature(spec, turns, ref):
     """CONTROL: every message with a greeting and a signature around the reference's text. Must still pass."""
     m = copy.deepcopy(turns)
@@ -1235,14 +1289,16 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "misstated_date": op_misstated_date, "names_another_record": op_names_another_record,
              "terse_message": op_terse_message, "undone_update": op_undone_update, "copy_outside": op_copy_outside,
              "outside_recipient_added": op_outside_recipient_added, "later_turn_skipped": op_later_turn_skipped,
-             "follow_up_too_early": op_follow_up_too_early,
+             "follow_up_too_early": op_follow_up_too_early, "created_record_mislabeled": op_created_record_mislabeled,
+             "earlier_work_deleted": op_earlier_work_deleted,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,
              "when_in_words (control)": ctl_when_in_words, "fields_typed_differently (control)": ctl_fields_typed_differently,
              "internal_note (control)": ctl_internal_note, "reply_to_all (control)": ctl_reply_to_all,
              "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
-             "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped}
+             "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped,
+             "update_retried (control)": ctl_update_retried}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

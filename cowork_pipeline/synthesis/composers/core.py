@@ -96,7 +96,7 @@ def schedule_meeting(ctx: Ctx) -> Composition:
     reference = [ProgramTurn(steps=steps, reply=f"Booked '{topic}' on {day:%Y-%m-%d} at {free_hour:02d}:00 UTC with {names}.")]
     items = [
         ItemPlan("meeting_booked", f"'{topic}' starts {start:%Y-%m-%d %H:%M} UTC for 60 minutes with {names}",
-                 CheckSpec("event_at", {"start_utc": start.isoformat(), "minutes": 60, "attendees": emails}, service="calendar"), 2.0,
+                 CheckSpec("event_at", {"start_utc": start.isoformat(), "minutes": 60, "attendees": emails, "title": topic}, service="calendar"), 2.0,
                  extra={"piece": "slot"}),
         ItemPlan("everyone_free", "Nobody invited is double-booked at that time",
                  CheckSpec("attendees_free", {"attendees": emails + [me["email"]]}, service="calendar"), 1.0, extra={"piece": "slot"}),
