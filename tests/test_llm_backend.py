@@ -24,7 +24,7 @@ from cowork_pipeline.synthesis.llm import (
     PROMPTS_DIR, LLMBackend, NoJSON, example_document, extract_json_object, load_template, prompt_sha256,
 )
 from cowork_pipeline.synthesis.repair import synthesize
-from cowork_pipeline.validation.certify import Validator
+from cowork_pipeline.validation.certify import VALIDATOR_VERSION, Validator
 
 MODEL = "test-model"
 LAX = "def check(ev):\n    return True\n"
@@ -512,7 +512,7 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     # Lineage of an attempt names the prompt (hash as sent) and the model behind it.
     assert main(["--home", str(home), "lineage", "invoice_reconcile-s0-a0", "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)["tree"]
-    assert tree["kind"] == "attempt" and tree["code_version"] == f"llm-1/{MODEL}/v2+certify-2"
+    assert tree["kind"] == "attempt" and tree["code_version"] == f"llm-1/{MODEL}/v2+{VALIDATOR_VERSION}"
     draft = tree["attrs"]["draft"]
     assert (draft["model"], draft["prompt_version"], draft["prompt_sha256"], draft["cache_hit"]) == (
         MODEL, "generate_v2", prompt_sha256(sent), False)
@@ -524,7 +524,7 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     from resources import GeneratorResource
 
     ours = GeneratorResource(backend="llm", base_url=f"http://127.0.0.1:{llm.port}/v1", model=MODEL).code_version()
-    assert ours == f"llm-1/{MODEL}/v2+certify-2"
+    assert ours == f"llm-1/{MODEL}/v2+{VALIDATOR_VERSION}"
     states, published = partition_states(lake), published_fingerprints(lake)
     assert states["invoice_reconcile"].code_version == ours
     assert plan_regeneration(["invoice_reconcile"], published, states, code_version=ours).selection == {}
@@ -602,7 +602,7 @@ def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
                          cwd=str(Path(__file__).resolve().parents[1]))
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["llm", "http://127.0.0.1:9/v1/chat/completions", MODEL, 5, True, "MY_KEY",
-                                                               [f"llm-1/{MODEL}/v2+certify-2"]]  # the asset's code version too
+                                                               [f"llm-1/{MODEL}/v2+{VALIDATOR_VERSION}"]]  # the asset's code version too
     assert env["COWORK_HOME"] == str(home) and env["COWORK_LAKE"] == os.environ.get("COWORK_LAKE", str(home / "lake"))
 
     # Without generator flags the code location keeps the embedded default; a bad URL never starts it.

@@ -294,6 +294,24 @@ def test_planted_record_level_safety_checker_is_caught_by_a_collateral_write(val
     assert cert.reference_pass and cert.confusion["collateral_write"]["applicable"] >= 1
 
 
+@pytest.mark.parametrize("cid, item", [("invoice_reconcile", "confirmation_sent"), ("quote_followup", "quote_sent"),
+                                       ("chat_escalation", "internal_note"), ("confidential_request", "asked_owner")])
+def test_planted_checker_blind_to_names_is_caught_by_a_wrong_mention(validator, outcomes, cid, item):
+    """The message checker without its ``excludes`` (it finds the right facts, but not a look-alike record
+    named beside or instead of them): the confirmation naming INV-3085 for INV-1458 passes, and the
+    wrong_mention mutant says so."""
+    found = [o for o in outcomes[cid] if o.accepted and o.final.certification.confusion["wrong_mention"]["applicable"]]
+    if not found:
+        pytest.skip(f"no certified {cid} environment with a message naming a look-alike record")
+    spec = found[0].final.draft.spec
+    chk = spec.facts["checks"][item]
+    blind = CheckSpec.from_dict({**chk, "params": {k: v for k, v in chk["params"].items() if k != "excludes"}})
+    cert = validator.certify(planted(with_item_code(spec, item, source(blind))))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert {d.detail["operator"] for d in cert.diagnostics} == {"wrong_mention"}
+    assert "instead of" in cert.diagnostics[0].message
+
+
 @pytest.mark.parametrize("cid, item, code", [
     # compares the new start time as text: the same instant written as 17:00+02:00 fails
     ("meeting_reschedule", "moved_first", "def check(ev):\n    e = ev['final']['calendar.events'][{evt!r}]\n    return e['start'] == {start!r}\n"),
@@ -314,9 +332,10 @@ def test_planted_overstrict_checker_is_caught(validator, outcomes, cid, item, co
             "amount": f.get("new_amount"), "msg": f.get("message_id"), "text": f"{f.get('new_amount', 0):.2f}"}
     cert = validator.certify(planted(with_item_code(spec, item, code.format(**fill))))
     assert cert.reference_pass and not cert.certified and not cert.equivalent_pass
-    assert codes(cert) == {"overstrict_checker"}, cert.diagnostics
-    [d] = cert.diagnostics
-    assert d.item == item and "another way" in d.message
+    # the verbatim-amount confirmation checker is also blind to a look-alike invoice named in the reply
+    blind = [d for d in cert.diagnostics if d.code == "mutation_survived" and d.detail.get("operator") == "wrong_mention"]
+    [d] = [d for d in cert.diagnostics if d not in blind]
+    assert d.code == "overstrict_checker" and d.item == item and "another way" in d.message, cert.diagnostics
 
 
 def test_certified_environments_pass_the_equivalent_variant(outcomes):

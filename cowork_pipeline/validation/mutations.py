@@ -6,7 +6,8 @@ mistake; the validator requires every applicable mutant to fail the rubric. Oper
 know nothing about capabilities: they work from tool metadata and the world's records.
 The per-step operators (missing_step, wrong_target, wrong_record, wrong_value) challenge
 every effectful step of every turn, so no later step or turn goes unchecked (see CAPS);
-collateral_write overwrites a field the task leaves alone on a record it updates.
+collateral_write overwrites a field the task leaves alone on a record it updates; wrong_mention
+makes a message name a look-alike record in place of the one it is about.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ ID_PARAMS = {
     "ticket_id": "helpdesk.tickets", "doc_id": "docs.documents", "folder_id": "docs.folders", "channel_id": "chat.channels",
     "task_id": "tasks.tasks",
 }
-OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "collateral_write",
+OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "collateral_write", "wrong_mention",
              "extra_destructive_write", "safety_violation", "wrong_turn_order")
 
 
@@ -84,7 +85,7 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # At most this many mutants per operator (bounds the cost of certification). Sites are taken turn by
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
-CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2}
+CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2}
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -213,6 +214,58 @@ def _collateral(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int) -> l
     return []
 
 
+# What people read: the text parameter of each tool that sends a message.
+MESSAGE_TEXT = {"mail_send": "body", "mail_reply": "body", "mail_forward": "note", "chat_post_message": "text",
+                "helpdesk_add_comment": "body"}
+_NAME_FIELDS = ("number", "title", "name", "id")
+
+
+def _words(v: str) -> set[str]:
+    return {w for w in re.split(r"[^0-9a-z]+", v.lower()) if len(w) >= 4}
+
+
+def _confusable(v: str, other: str) -> bool:
+    """Could a reader take ``other`` for ``v``? Codes of one pattern (INV-1458 / INV-3085, tkt_3fa2c /
+    tkt_9b01d), names or titles sharing a word ('Fatima Garcia' / 'Fatima Ivanova'). Never a longer or
+    shorter form of the same name ('Hiring debrief' / 'Hiring debrief prep'): that is not another name."""
+    a, b = v.lower(), other.lower()
+    if a in b or b in a:
+        return False
+    if any(c.isdigit() for c in a):
+        return len(a) == len(b) and re.sub(r"[0-9a-z]", "x", a) == re.sub(r"[0-9a-z]", "x", b) and a[:3] == b[:3]
+    return bool(_words(a) & _words(b))
+
+
+def _named(text: str, v: str) -> bool:
+    return re.search(r"(?<![0-9a-z])" + re.escape(v) + r"(?![0-9a-z])", text, flags=re.IGNORECASE) is not None
+
+
+def _mention_swaps(env: EnvironmentSpec, s: Step) -> list[tuple[dict[str, Any], str]]:
+    """The step's message naming a look-alike record instead of the one it names (one swap per message):
+    the confirmation that names another invoice, the note that names the engineer's namesake."""
+    param = MESSAGE_TEXT.get(s.tool)
+    text = s.args.get(param) if param else None
+    if not isinstance(text, str):
+        return []
+    low = text.lower()
+    # never the user's own name: it stands in signatures, so no checker can tell it from a wrong mention
+    me = str(env.world.get("_meta", {}).get("profile", {}).get("name", "")).lower()
+    for coll, recs in sorted(env.world.items()):
+        if coll == "_meta" or not isinstance(recs, dict):
+            continue
+        for f in _NAME_FIELDS:
+            values = sorted({r[f] for r in recs.values() if isinstance(r, dict) and isinstance(r.get(f), str) and len(r[f]) >= 5})
+            for v in values:
+                if v.lower() not in low or not _named(text, v):
+                    continue
+                alike = [o for o in values if o != v and o.lower() != me and _confusable(v, o) and not _named(text, o)]
+                if alike:
+                    other = max(alike, key=lambda o: (len(_words(o) & _words(v)), o))
+                    new = re.sub(r"(?<![0-9a-z])" + re.escape(v) + r"(?![0-9a-z])", lambda _m: other, text, flags=re.IGNORECASE)
+                    return [({**s.args, param: new}, f"{param} names {other!r} instead of {v!r}")]
+    return []
+
+
 def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[list[Step]] | None = None) -> list[Mutant]:
     """``base``: ``executed_program(env, traj)`` when the caller already has it."""
     rng = random.Random(seed)
@@ -274,6 +327,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
 
     per_site = [[variant("collateral_write", ti, si, s, args, what) for args, what in _collateral(env, traj, s, ti)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["collateral_write"]))
+
+    per_site = [[variant("wrong_mention", ti, si, s, args, what) for args, what in _mention_swaps(env, s)] for ti, si, s in effectful]
+    out.extend(_select(per_site, CAPS["wrong_mention"]))
 
     destructive = _extra_write(env, base, rng)
     if destructive is not None:
