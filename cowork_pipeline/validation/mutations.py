@@ -236,33 +236,64 @@ def _confusable(v: str, other: str) -> bool:
     return bool(_words(a) & _words(b))
 
 
+_WORD_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def _spots(text: str, v: str) -> list[int]:
+    """Where ``v`` occurs in ``text`` at word edges, ignoring case (INV-123 is not in INV-1234). Plain
+    string search: a regex per record name would be compiled anew for every environment."""
+    t, w = text.lower(), v.lower()
+    out, i = [], t.find(w)
+    while i != -1:
+        j = i + len(w)
+        if (i == 0 or t[i - 1] not in _WORD_CHARS) and (j == len(t) or t[j] not in _WORD_CHARS):
+            out.append(i)
+        i = t.find(w, i + 1)
+    return out
+
+
 def _named(text: str, v: str) -> bool:
-    return re.search(r"(?<![0-9a-z])" + re.escape(v) + r"(?![0-9a-z])", text, flags=re.IGNORECASE) is not None
+    return bool(_spots(text, v))
 
 
-def _mention_swaps(env: EnvironmentSpec, s: Step) -> list[tuple[dict[str, Any], str]]:
-    """The step's message naming a look-alike record instead of the one it names (one swap per message):
-    the confirmation that names another invoice, the note that names the engineer's namesake."""
-    param = MESSAGE_TEXT.get(s.tool)
-    text = s.args.get(param) if param else None
-    if not isinstance(text, str):
-        return []
-    low = text.lower()
-    # never the user's own name: it stands in signatures, so no checker can tell it from a wrong mention
-    me = str(env.world.get("_meta", {}).get("profile", {}).get("name", "")).lower()
+def _name_index(env: EnvironmentSpec, texts: str) -> list[list[str]]:
+    """The record names, titles, numbers and ids (5+ characters) of each collection and field that
+    ``texts`` (the messages, lower case) may name, in collection and field order, each list sorted.
+    A collection and field none of whose values occurs in the texts is left out."""
+    out: list[list[str]] = []
     for coll, recs in sorted(env.world.items()):
         if coll == "_meta" or not isinstance(recs, dict):
             continue
         for f in _NAME_FIELDS:
-            values = sorted({r[f] for r in recs.values() if isinstance(r, dict) and isinstance(r.get(f), str) and len(r[f]) >= 5})
-            for v in values:
-                if v.lower() not in low or not _named(text, v):
-                    continue
-                alike = [o for o in values if o != v and o.lower() != me and _confusable(v, o) and not _named(text, o)]
-                if alike:
-                    other = max(alike, key=lambda o: (len(_words(o) & _words(v)), o))
-                    new = re.sub(r"(?<![0-9a-z])" + re.escape(v) + r"(?![0-9a-z])", lambda _m: other, text, flags=re.IGNORECASE)
-                    return [({**s.args, param: new}, f"{param} names {other!r} instead of {v!r}")]
+            if f == "id" and "_" not in texts:  # ids look like tkt_3fa2c: most messages name none
+                continue
+            values = [v for r in recs.values() if isinstance(r, dict) for v in [r.get(f)] if isinstance(v, str) and len(v) >= 5]
+            if any(v.lower() in texts for v in values):
+                out.append(sorted(set(values)))
+    return out
+
+
+def _mention_swaps(env: EnvironmentSpec, s: Step, index: list[list[str]]) -> list[tuple[dict[str, Any], str]]:
+    """The step's message naming a look-alike record instead of the one it names (one swap per message):
+    the confirmation that names another invoice, the note that names the engineer's namesake."""
+    param = MESSAGE_TEXT.get(s.tool)
+    text = s.args.get(param) if param else None
+    if not isinstance(text, str) or len(text.lower()) != len(text):  # positions below index the lower-cased text
+        return []
+    low = text.lower()
+    # never the user's own name: it stands in signatures, so no checker can tell it from a wrong mention
+    me = str(env.world.get("_meta", {}).get("profile", {}).get("name", "")).lower()
+    for values in index:
+        for v in values:
+            if v.lower() not in low or not _named(text, v):
+                continue
+            alike = [o for o in values if o != v and o.lower() != me and _confusable(v, o) and not _named(text, o)]
+            if alike:
+                other = max(alike, key=lambda o: (len(_words(o) & _words(v)), o))
+                new = text
+                for i in reversed(_spots(text, v)):
+                    new = new[:i] + other + new[i + len(v):]
+                return [({**s.args, param: new}, f"{param} names {other!r} instead of {v!r}")]
     return []
 
 
@@ -328,7 +359,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     per_site = [[variant("collateral_write", ti, si, s, args, what) for args, what in _collateral(env, traj, s, ti)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["collateral_write"]))
 
-    per_site = [[variant("wrong_mention", ti, si, s, args, what) for args, what in _mention_swaps(env, s)] for ti, si, s in effectful]
+    texts = " ".join(t for _ti, _si, s in effectful for t in [s.args.get(MESSAGE_TEXT.get(s.tool, ""))] if isinstance(t, str)).lower()
+    index = _name_index(env, texts) if texts else []
+    per_site = [[variant("wrong_mention", ti, si, s, args, what) for args, what in _mention_swaps(env, s, index)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["wrong_mention"]))
 
     destructive = _extra_write(env, base, rng)
