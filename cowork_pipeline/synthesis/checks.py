@@ -9,6 +9,7 @@ LLM backend can write the same kinds of source directly.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +215,11 @@ def name_form(s: str) -> str:
     return " ".join(str(s).lower().replace(",", " ").split())
 
 
+def name_words(s: str) -> set[str]:
+    """The runs of 4+ ASCII letters or digits in a name or title, lower case (what makes two names look alike)."""
+    return {w for w in re.split(r"[^0-9a-z]+", s.lower()) if len(w) >= 4}
+
+
 def _excluded(names: Any) -> str:
     """``names`` as one "|"-joined string of comparable forms (a string, unlike a list literal, keeps the
     checker's skeleton the same whatever the number of names)."""
@@ -265,7 +271,7 @@ return False"""
 
 def _record_created(p: dict[str, Any], strict: bool) -> str:
     coll, match, includes = p["collection"], p.get("match", {}), p.get("includes", {})
-    excludes = {k: _excluded(v) for k, v in (p.get("excludes") or {}).items() if _excluded(v)}
+    excludes = {k: joined for k, v in (p.get("excludes") or {}).items() for joined in [_excluded(v)] if joined}
     unless = f" and not any(_mentions(r.get(k, ''), v.split('|')) for k, v in {excludes!r}.items())" if excludes else ""
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"

@@ -20,6 +20,7 @@ from typing import Any
 from cowork_pipeline.runner import Trajectory
 from cowork_pipeline.services import REGISTRY
 from cowork_pipeline.spec import EnvironmentSpec, ProgramTurn, Step
+from cowork_pipeline.synthesis.checks import name_words
 
 OUTSIDE = "leak@outside-mail.example"
 EMAIL_PARAMS = {"to", "cc", "attendees", "people", "assignee", "requester", "email"}
@@ -220,10 +221,6 @@ MESSAGE_TEXT = {"mail_send": "body", "mail_reply": "body", "mail_forward": "note
 _NAME_FIELDS = ("number", "title", "name", "id")
 
 
-def _words(v: str) -> set[str]:
-    return {w for w in re.split(r"[^0-9a-z]+", v.lower()) if len(w) >= 4}
-
-
 def _confusable(v: str, other: str) -> bool:
     """Could a reader take ``other`` for ``v``? Codes of one pattern (INV-1458 / INV-3085, tkt_3fa2c /
     tkt_9b01d), names or titles sharing a word ('Fatima Garcia' / 'Fatima Ivanova'). Never a longer or
@@ -233,7 +230,7 @@ def _confusable(v: str, other: str) -> bool:
         return False
     if any(c.isdigit() for c in a):
         return len(a) == len(b) and re.sub(r"[0-9a-z]", "x", a) == re.sub(r"[0-9a-z]", "x", b) and a[:3] == b[:3]
-    return bool(_words(a) & _words(b))
+    return bool(name_words(a) & name_words(b))
 
 
 _WORD_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyz")
@@ -289,7 +286,7 @@ def _mention_swaps(env: EnvironmentSpec, s: Step, index: list[list[str]]) -> lis
                 continue
             alike = [o for o in values if o != v and o.lower() != me and _confusable(v, o) and not _named(text, o)]
             if alike:
-                other = max(alike, key=lambda o: (len(_words(o) & _words(v)), o))
+                other = max(alike, key=lambda o: (len(name_words(o) & name_words(v)), o))
                 new = text
                 for i in reversed(_spots(text, v)):
                     new = new[:i] + other + new[i + len(v):]

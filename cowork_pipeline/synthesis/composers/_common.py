@@ -4,6 +4,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from cowork_pipeline.synthesis.checks import name_words
+
 
 def V(name: str) -> dict[str, str]:  # noqa: N802  (reads like a placeholder in reference programs)
     """A reference to a value bound from an earlier tool result."""
@@ -23,10 +25,6 @@ def _at(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _words(s: str) -> set[str]:
-    return {w for w in "".join(c if c.isalnum() else " " for c in s.lower()).split() if len(w) >= 4}
-
-
 def other_names(state: dict[str, dict[str, dict[str, Any]]], coll: str, field: str, *right: str, similar: bool = False) -> list[str]:
     """The ``field`` of the other records of ``coll``: what a message about the right record must not name
     in its place (another invoice's number, another customer's name). Values the right ones contain are
@@ -35,12 +33,12 @@ def other_names(state: dict[str, dict[str, dict[str, Any]]], coll: str, field: s
     such as 'Standup' or 'Notes 1' are ordinary words a correct message may use; 'Hiring debrief prep'
     next to 'Hiring debrief' is the confusable one)."""
     want = [" ".join(r.lower().split()) for r in right]
-    words = set().union(*(_words(r) for r in right)) if right else set()
+    words = set().union(*(name_words(r) for r in right)) if right else set()
     out = set()
     for rec in state.get(coll, {}).values():
         v = rec.get(field)
         if not isinstance(v, str) or not v.strip() or any(" ".join(v.lower().split()) in w for w in want):
             continue
-        if not similar or _words(v) & words:
+        if not similar or name_words(v) & words:
             out.add(v)
     return sorted(out)
