@@ -651,6 +651,19 @@ def test_cpu_rlimit_backstop() -> None:
         assert_healthy(box)
 
 
+def test_a_checker_timing_out_on_every_call_does_not_exhaust_the_batch_for_the_others() -> None:
+    """24 calls of a looping checker at 0.2 s each burn far more than the batch's 1 s of CPU; each was stopped
+    by its own timer, so the batch keeps going: every loop call is a timeout, every honest call in between ok
+    (not "worker died repeatedly", which a shared budget made of the later ones once the validator ran more
+    mutants: the batch died every ~5 loop calls and was re-run until the calls ran out of attempts)."""
+    with Sandbox(workers=1, limits=SandboxLimits(cpu_seconds=1.0, call_timeout_s=0.2)) as box:
+        calls = [c for i in range(24) for c in (("loop", {"i": i}), ("good", {"xs": list(range(i))}))]
+        results = box.evaluate({"loop": check_src("while True:\n    pass"), "good": GOOD}, calls)
+        assert [r.error_code for r in results[0::2]] == ["timeout"] * 24, results[0::2]
+        assert all(r.ok and r.value["n"] == i for i, r in enumerate(results[1::2])), results[1::2]
+        assert_healthy(box)
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -2035,12 +2035,7 @@ class _WorkerRuntime:
         seq, entry, timeout, cpu_s, max_bytes, copy_args, plain, srcs, bundle, pairs = req
         progress = _PROGRESS.pack_into
         mono = time.monotonic
-        try:  # per-batch CPU budget on top of what the worker has used so far
-            ru = self.resource.getrusage(self.resource.RUSAGE_SELF)
-            used = ru.ru_utime + ru.ru_stime
-            self.resource.setrlimit(self.resource.RLIMIT_CPU, (int(used + cpu_s) + 1, self.resource.RLIM_INFINITY))
-        except (ValueError, OSError):
-            pass
+        self._cpu_budget(cpu_s)
         codes = []
         clock = time.perf_counter
         t_compile = clock()
@@ -2080,6 +2075,11 @@ class _WorkerRuntime:
                 out.append(self._run_call(code[0], entry, args[a], None, timeout, max_bytes))
             else:
                 out.append(self._run_call(code[0], entry, private[a][1], private[a][0], timeout, max_bytes))
+            if out[-1][0] == "timeout":
+                # The timer stopped that call: the CPU it burnt was its own budget, not the batch's. Otherwise a
+                # checker that loops on every trajectory of a large batch exhausts the batch limit again on each
+                # re-run, and the honest calls queued with it end as "worker died repeatedly".
+                self._cpu_budget(cpu_s)
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         # Tripwire: the shared arguments must pickle back to the very bytes they came from (the
         # plain pickler runs no code a checker defined and rejects objects it planted).  If a call
@@ -2102,6 +2102,8 @@ class _WorkerRuntime:
                         private[a] = self._private_copy(pristine[a], plain)
                     progress(self.shm, 0, seq, j, mono())
                     out[j] = self._run_call(codes[s][0], entry, private[a][1], private[a][0], timeout, max_bytes)
+                    if out[j][0] == "timeout":
+                        self._cpu_budget(cpu_s)
                 signal.setitimer(signal.ITIMER_REAL, 0, 0)
             self.decode_s += clock() - t_decode
         args = None
@@ -2122,6 +2124,15 @@ class _WorkerRuntime:
             seq, "true" if self.recycle else "false", t_compile, self.compiler.compiled, self.decode_s, len(sharers), rerun,
             self.compiler.instantiated, ",".join(rows))
         return header.encode("ascii"), ",".join(values).encode("ascii")
+
+    def _cpu_budget(self, cpu_s: float) -> None:
+        """RLIMIT_CPU: ``cpu_s`` more seconds from what the worker has used so far (the batch backstop)."""
+        try:
+            ru = self.resource.getrusage(self.resource.RUSAGE_SELF)
+            used = ru.ru_utime + ru.ru_stime
+            self.resource.setrlimit(self.resource.RLIMIT_CPU, (int(used + cpu_s) + 1, self.resource.RLIM_INFINITY))
+        except (ValueError, OSError):
+            pass
 
     def _tainted(self, token: object) -> bool:
         if self.abc.get_cache_token() != token:  # ABC.register() leaks into later calls
