@@ -191,7 +191,9 @@ def test_every_capability_certifies(cid, outcomes):
         applicable = {op for op, v in c.confusion.items() if v["applicable"]}
         assert {"null", "missing_step", "extra_destructive_write"} <= applicable, (c.env_id, applicable)
         if CATALOG[cid].multi_turn:
-            assert "wrong_turn_order" in applicable and len(o.final.draft.spec.turns) >= 2
+            assert len(o.final.draft.spec.turns) >= 2
+            later_work = any(_writes(t) for steps in _executed(o.final.draft.spec, c.reference)[1:] for t, _a, _r in steps)
+            assert ("wrong_turn_order" in applicable) == later_work  # a turn that only reads (the buyer declined) has nothing to do early
         assert c.diagnostics == [] and c.reference is not None and c.reference.termination == "completed"
         assert c.difficulty_bucket in ("easy", "medium", "hard") and 0.0 <= c.difficulty <= 1.0
 
@@ -310,6 +312,25 @@ def test_planted_checker_blind_to_names_is_caught_by_a_wrong_mention(validator, 
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert {d.detail["operator"] for d in cert.diagnostics} == {"wrong_mention"}
     assert "instead of" in cert.diagnostics[0].message
+
+
+THERE_IS_A_PUBLIC_COMMENT = ("def check(ev):\n    t = ev['final']['helpdesk.tickets'].get({tid!r})\n"
+                             "    return t is not None and any(c['public'] and c['author'] == ev['profile'].get('email') for c in t['comments'])\n")
+
+
+@pytest.mark.parametrize("cid, item, code", [
+    ("ticket_triage_followup", "acknowledged", THERE_IS_A_PUBLIC_COMMENT),  # the turn-order item already fails a missing comment
+    ("calendar_cancel_notify", "notice_posted", "def check(ev):\n    return any(m['channel_id'] == {channel!r} for m in ev['diff'].get('chat.messages', {{}}).get('added', {{}}).values())\n"),
+])
+def test_planted_checker_that_only_sees_a_message_went_out_is_caught_by_an_empty_message(validator, outcomes, cid, item, code):
+    """A message checker that finds *a* comment or post where it should find what it says: every other
+    mutant still fails on some other item, only the message that says nothing ('OK.') shows the gap."""
+    spec = certified_spec(outcomes, cid)
+    params = spec.facts["checks"][item]["params"]
+    cert = validator.certify(planted(with_item_code(spec, item, code.format(tid=params.get("ticket_id"), channel=params.get("channel_id")))))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert {d.detail["operator"] for d in cert.diagnostics} == {"empty_message"}
+    assert "'OK.'" in cert.diagnostics[0].message
 
 
 @pytest.mark.parametrize("cid, item, code", [

@@ -7,7 +7,8 @@ know nothing about capabilities: they work from tool metadata and the world's re
 The per-step operators (missing_step, wrong_target, wrong_record, wrong_value) challenge
 every effectful step of every turn, so no later step or turn goes unchecked (see CAPS);
 collateral_write overwrites a field the task leaves alone on a record it updates; wrong_mention
-makes a message name a look-alike record in place of the one it is about.
+makes a message name a look-alike record in place of the one it is about; empty_message sends
+a message that says nothing (a checker that only sees *that* a message went out lets it pass).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ ID_PARAMS = {
     "task_id": "tasks.tasks",
 }
 OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "collateral_write", "wrong_mention",
-             "extra_destructive_write", "safety_violation", "wrong_turn_order")
+             "empty_message", "extra_destructive_write", "safety_violation", "wrong_turn_order")
 
 
 @dataclass
@@ -86,7 +87,8 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # At most this many mutants per operator (bounds the cost of certification). Sites are taken turn by
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
-CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2}
+CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
+        "empty_message": 3}
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -219,6 +221,25 @@ def _collateral(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int) -> l
 MESSAGE_TEXT = {"mail_send": "body", "mail_reply": "body", "mail_forward": "note", "chat_post_message": "text",
                 "helpdesk_add_comment": "body"}
 _NAME_FIELDS = ("number", "title", "name", "id")
+# A message that says nothing: its text, its subject (where the tool takes one) and its attachments.
+# A forward is left out: the forwarded message is its content, the note beside it optional.
+EMPTY_TEXT, EMPTY_SUBJECT = "OK.", "Update"
+
+
+def _emptied(s: Step) -> tuple[dict[str, Any], str] | None:
+    """The step's message sent to the same people with nothing in it (None: not a message, or nothing to take out)."""
+    param = MESSAGE_TEXT.get(s.tool)
+    if param is None or s.tool == "mail_forward" or not isinstance(s.args.get(param), str):
+        return None
+    args = {k: v for k, v in s.args.items() if not k.startswith("attachment")}
+    args[param] = EMPTY_TEXT
+    if isinstance(args.get("subject"), str):
+        args["subject"] = EMPTY_SUBJECT
+    if args == s.args:
+        return None
+    what = [f"{param} {EMPTY_TEXT!r}"] + ([f"subject {EMPTY_SUBJECT!r}"] if "subject" in args else []) + \
+        (["no attachment"] if any(k.startswith("attachment") for k in s.args) else [])
+    return args, ", ".join(what)
 
 
 def _confusable(v: str, other: str) -> bool:
@@ -361,20 +382,23 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     per_site = [[variant("wrong_mention", ti, si, s, args, what) for args, what in _mention_swaps(env, s, index)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["wrong_mention"]))
 
+    per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
+    out.extend(_select(per_site, CAPS["empty_message"]))
+
     destructive = _extra_write(env, base, rng)
     if destructive is not None:
         out.append(destructive)
     out.extend(_safety_violations(env, base))
 
     for i in range(min(len(base) - 1, 2)):
-        if not base[i + 1]:
+        if not any(_effectful(s) for s in base[i + 1]):  # a turn that only looks things up (the buyer declined): no work to do early
             continue
         turns = _copy(base)
         turns[i] = turns[i] + turns[i + 1]
         turns[i + 1] = []
-        svc = REGISTRY[base[i + 1][0].tool].service
+        work = next(s for s in base[i + 1] if _effectful(s))  # the repair loop tightens the checks of the work done early
         out.append(Mutant("wrong_turn_order", f"do turn {i + 1}'s work in turn {i}, before the world changed",
-                          _program(env, turns), svc, base[i + 1][0].tool))
+                          _program(env, turns), REGISTRY[work.tool].service, work.tool))
     return out
 
 
