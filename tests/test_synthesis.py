@@ -250,6 +250,104 @@ def test_other_names_leaves_out_what_the_right_name_contains():
     assert other_names({}, "crm.invoices", "number", "INV-1") == []
 
 
+# ---- conditional turns, notes, acknowledgements: what a correct agent must read -------------------------
+def _certified_where(backend, validator, cid: str, want: Callable[[EnvironmentSpec], bool]) -> EnvironmentSpec:
+    """The first certified environment of ``cid`` (seeds 0..39) whose document satisfies ``want``."""
+    for seed in range(40):
+        if want(backend.draft(CATALOG[cid], seed).spec):
+            [o] = synthesize(backend, validator, CATALOG[cid], [seed])
+            if o.accepted:
+                return o.final.draft.spec
+    raise AssertionError(f"no certified {cid} environment with the wanted property in seeds 0..39")
+
+
+def _run_and_grade(sb, spec: EnvironmentSpec, turns) -> Any:
+    traj = run_episode(spec, ProgramAgent([ProgramTurn(steps=[Step(tool=t, args=a) for t, a in steps]) for steps in turns], name="planted"))
+    assert traj.termination == "completed" and all(s["ok"] for s in traj.steps), [s for s in traj.steps if not s["ok"]]
+    [g] = grade_many(sb, [(spec, traj, None)])
+    return g
+
+
+def _reference_turns(sb, spec: EnvironmentSpec) -> list[list[tuple[str, dict[str, Any]]]]:
+    ref = run_episode(spec, ProgramAgent(spec.reference, name="reference"))
+    return [[(t, a) for t, a, _r in steps] for steps in _executed(spec, ref)]
+
+
+@pytest.mark.parametrize("answer", ["decline", "counter"])
+def test_a_quote_that_was_not_accepted_must_not_be_marked_won(sb, backend, validator, answer):
+    """"If they accepted, mark the deal as won": some buyers decline or make a counter-offer, so an agent
+    that marks every quoted deal won (or re-prices it to the counter-offer) fails; leaving it passes."""
+    spec = _certified_where(backend, validator, "quote_followup", lambda s: s.facts["answer"] == answer)
+    turns = _reference_turns(sb, spec)
+    assert not any(_writes(t) for t, _a in turns[1])  # the reference only reads the answer
+    assert _run_and_grade(sb, spec, turns).passed
+    deal, reply = spec.facts["deal_id"], spec.turns[1].events[0].args["id"]
+    won = [("crm_update_deal", {"deal_id": deal, "stage": "won"}), ("mail_reply", {"message_id": reply, "body": "Thank you, glad to have you on board!"})]
+    g = _run_and_grade(sb, spec, [turns[0], turns[1] + won])
+    assert not g.passed and "deal_left_open" in g.failed_items()
+    if answer == "counter":
+        repriced = [("crm_update_deal", {"deal_id": deal, "amount": round(spec.facts["amount"] * 0.85 / 100) * 100.0})]
+        assert "deal_left_open" in _run_and_grade(sb, spec, [turns[0], turns[1] + repriced]).failed_items()
+    accepted = _certified_where(backend, validator, "quote_followup", lambda s: s.facts["answer"] == "accept")
+    reads_only = _reference_turns(sb, accepted)
+    reads_only[1] = [(t, a) for t, a in reads_only[1] if not _writes(t)]
+    assert {"deal_won", "thanked"} <= set(_run_and_grade(sb, accepted, reads_only).failed_items())
+
+
+def test_a_request_nothing_was_approved_for_gets_a_polite_no_without_attachment(sb, backend, validator):
+    """The owner approves nothing: sending the public summary anyway fails, and so do an empty "OK." and a
+    no in another thread than the request's (a new mail, or a reply to an older mail of the requester)."""
+    spec = _certified_where(backend, validator, "confidential_request", lambda s: not s.facts["approved"])
+    turns = _reference_turns(sb, spec)
+    assert _run_and_grade(sb, spec, turns).passed
+    req, conf, pub = spec.facts["requester"], spec.facts["confidential_doc"], spec.facts["public_doc"]
+    title = spec.world["docs.documents"][conf]["title"]
+    reads = [(t, a) for t, a in turns[1] if not _writes(t)]
+    summary = ("mail_send", {"to": [req], "subject": "Public summary", "body": f"Hi, we cannot share '{title}', but here is the summary.",
+                             "attachment_doc_ids": [pub]})
+    assert "declined_politely" in _run_and_grade(sb, spec, [turns[0], reads + [summary]]).failed_items()
+    [reply] = [(t, a) for t, a in turns[1] if _writes(t)]
+    assert "declined_politely" in _run_and_grade(sb, spec, [turns[0], reads + [(reply[0], {**reply[1], "body": "OK."})]]).failed_items()
+    no = f"Hello, I am afraid {title} is internal only and we cannot share it. Regards"
+    assert _run_and_grade(sb, spec, [turns[0], reads + [(reply[0], {**reply[1], "body": no})]]).passed
+    new_mail = ("mail_send", {"to": [req], "subject": "Your request", "body": no})
+    assert "declined_politely" in _run_and_grade(sb, spec, [turns[0], reads + [new_mail]]).failed_items()
+    older = sorted(k for k, m in spec.world["mail.messages"].items() if m["from"] == req and k != reply[1]["message_id"])
+    if older:
+        other_thread = (reply[0], {**reply[1], "message_id": older[0], "body": no})
+        assert "declined_politely" in _run_and_grade(sb, spec, [turns[0], reads + [other_thread]]).failed_items()
+
+
+def test_updated_notes_keep_every_other_line(sb, outcomes):
+    """"Keep the rest of the notes as they are": the decision written with the title or the open question
+    lost fails; the decision added as a line of its own at the end, old lines untouched, passes."""
+    spec = certified_spec(outcomes, "doc_update_from_thread")
+    turns = _reference_turns(sb, spec)
+    [(ti, si)] = [(ti, si) for ti, steps in enumerate(turns) for si, (t, _a) in enumerate(steps) if t == "docs_update"]
+    tool, args = turns[ti][si]
+    old = spec.world["docs.documents"][args["doc_id"]]["content"]
+    for lost in [line for line in old.splitlines() if not line.startswith("Decisions:")]:
+        m = copy.deepcopy(turns)
+        m[ti][si] = (tool, {**args, "content": "\n".join(line for line in args["content"].splitlines() if line != lost)})
+        assert "decision_recorded" in _run_and_grade(sb, spec, m).failed_items(), lost
+    m = copy.deepcopy(turns)
+    m[ti][si] = (tool, {**args, "content": old + f"\nUpdate: we {spec.facts['decision']}."})
+    assert _run_and_grade(sb, spec, m).passed
+
+
+def test_an_acknowledgement_must_say_what_was_noted(sb, outcomes):
+    """The customer's update must be acknowledged by what is new in it ('mobile', 'XLSX'), not by a polite
+    comment any update would get (which contains 'it' and 'the', the words the old checker looked for)."""
+    spec = certified_spec(outcomes, "ticket_triage_followup")
+    turns = _reference_turns(sb, spec)
+    [(si, (tool, args))] = [(si, st) for si, st in enumerate(turns[1]) if st[0] == "helpdesk_add_comment"]
+    m = copy.deepcopy(turns)
+    m[1][si] = (tool, {**args, "body": "Thanks for the update, we are looking into it and will get back to you with the details."})
+    assert "acknowledged" in _run_and_grade(sb, spec, m).failed_items()
+    key = spec.facts["checks"]["acknowledged"]["params"]["includes"][0]
+    assert key.lower() not in {"it", "the", "is", "are", "now"} and key.lower() in spec.turns[1].events[0].args["body"].lower()
+
+
 # ---- 3. validator rules, each on a planted flaw --------------------------------------------------------
 SOME_MAIL_SENT = ("def check(ev):\n    added = ev['diff'].get('mail.messages', {}).get('added', {})\n"
                   "    return any(m.get('folder') == 'sent' for m in added.values())\n")
@@ -1256,6 +1354,127 @@ def op_earlier_work_deleted(spec, turns, ref):
                     return
 
 
+def _text_rewrites(spec, turns):
+    """(turn, step, param, old text, new text) of every update that rewrites a multi-line text of an existing record."""
+    for ti, si, tool, args, rec in _updates(spec, turns):
+        for k, v in args.items():
+            if isinstance(v, str) and isinstance(rec.get(k), str) and "\n" in rec[k] and v != rec[k]:
+                yield ti, si, k, rec[k], v
+
+
+def op_line_dropped_from_a_text(spec, turns, ref):
+    """A record's text rewritten right, except that one line it had (and the reference kept) is gone."""
+    for ti, si, k, old, new in _text_rewrites(spec, turns):
+        for line in [line for line in new.splitlines() if line in old.splitlines()][:2]:
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = "\n".join(x for x in new.splitlines() if x != line)
+            yield f"{turns[ti][si][0]}.{k} without {line!r}", _program(spec, m)
+
+
+def op_same_write_on_a_lookalike(spec, turns, ref):
+    """The right write, and the same write again on the most similar other record (both invoices marked disputed)."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if REGISTRY[tool].destructive:
+            continue
+        for name, coll in _record_params(spec, tool, args):
+            others = [r for rid, r in sorted(spec.world[coll].items()) if rid != args[name]]
+            if others:
+                twin = max(others, key=lambda r: _likeness(spec.world[coll][args[name]], r))
+                m = copy.deepcopy(turns)
+                m[ti].insert(si + 1, (tool, {**args, name: twin["id"]}, None))
+                yield f"{tool} also on {twin['id']}", _program(spec, m)
+                break
+
+
+def op_posted_in_another_channel(spec, turns, ref):
+    """A chat post that is right in every word, in another channel."""
+    channels = sorted(spec.world.get("chat.channels", {}))
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "chat_post_message" and args.get("channel_id") in channels and len(channels) > 1:
+            m = copy.deepcopy(turns)
+            m[ti][si][1]["channel_id"] = next(c for c in channels if c != args["channel_id"])
+            yield f"posted in {m[ti][si][1]['channel_id']} instead of {args['channel_id']}", _program(spec, m)
+
+
+def op_person_swapped_for_a_namesake(spec, turns, ref):
+    """A person written into a record or a message's recipients (assignee, requester, attendee) replaced by
+    someone with the same first name, else a colleague of the same organisation."""
+    people = {r["email"]: r.get("name", "") for c in ("directory.people", "crm.contacts") for r in spec.world.get(c, {}).values() if r.get("email")}
+    me = spec.world["_meta"]["profile"]["email"]
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for k, v in sorted(args.items()):
+            old = v[0] if isinstance(v, list) and v else v
+            if not isinstance(old, str) or old not in people:
+                continue
+            first_name = people[old].split()[:1]
+            pool = [e for e in sorted(people) if e not in (old, me) and not (isinstance(v, list) and e in v)]
+            twin = next((e for e in pool if people[e].split()[:1] == first_name), None) or next(
+                (e for e in pool if e.rsplit("@", 1)[-1] == old.rsplit("@", 1)[-1]), None)
+            if twin is not None:
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = [twin] + list(v[1:]) if isinstance(v, list) else twin
+                yield f"{tool}.{k}: {old} -> {twin}", _program(spec, m)
+                break
+
+
+def op_meeting_shortened(spec, turns, ref):
+    """A meeting booked or moved at the right start, ending halfway (30 minutes of a 60-minute slot)."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if isinstance(args.get("start"), str) and isinstance(args.get("end"), str):
+            s0 = datetime.fromisoformat(args["start"].replace("Z", "+00:00"))
+            e0 = datetime.fromisoformat(args["end"].replace("Z", "+00:00"))
+            half = s0 + (e0 - s0) / 2
+            m = copy.deepcopy(turns)
+            m[ti][si][1]["end"] = half.strftime("%Y-%m-%dT%H:%M:%SZ") if args["end"].endswith("Z") else half.isoformat()
+            yield f"{tool} ends {m[ti][si][1]['end']}", _program(spec, m)
+
+
+POLITE_BUT_EMPTY = "Hi, thanks for the update. We are looking into it and will get back to you with the details as soon as we can. Best regards"
+
+
+def op_polite_but_empty(spec, turns, ref):
+    """Each message's text, one at a time, replaced by a polite note that could answer anything."""
+    for ti, si, k, _text in _outgoing_texts(turns):
+        m = copy.deepcopy(turns)
+        m[ti][si][1][k] = POLITE_BUT_EMPTY
+        yield f"{turns[ti][si][0]}.{k} -> polite but empty", _program(spec, m)
+
+
+def op_stale_value_after_an_edit(spec, turns, ref):
+    """Multi-turn: a value a colleague changed between turns (the corrected amount) used as it was before."""
+    for t, turn in enumerate(spec.turns):
+        for e in turn.events:
+            if not isinstance(e.args.get("changes"), dict):
+                continue
+            rec = spec.world.get(e.args.get("collection", ""), {}).get(e.args.get("record_id"), {})
+            for f, new in sorted(e.args["changes"].items()):
+                old = rec.get(f)
+                if not isinstance(new, (int, float)) or not isinstance(old, (int, float)) or old == new:
+                    continue
+                m, hit = copy.deepcopy(turns), False
+                for steps in m[t:]:
+                    for _tool, args, _r in steps:
+                        for k, v in args.items():
+                            if v == new:
+                                args[k], hit = old, True
+                            elif isinstance(v, str) and f"{new:.2f}" in v:
+                                args[k], hit = v.replace(f"{new:.2f}", f"{old:.2f}"), True
+                if hit:
+                    yield f"{f} {old} used after it was changed to {new}", _program(spec, m)
+
+
+def ctl_text_record_extended(spec, turns, ref):
+    """CONTROL: a record's rewritten text with one more line of the agent's own at the end. Must still pass."""
+    for ti, si, k, _old, new in _text_rewrites(spec, turns):
+        m = copy.deepcopy(turns)
+        m[ti][si][1][k] = new + "\n(Updated by the assistant.)"
+        yield f"{turns[ti][si][0]}.{k} + a line", _program(spec, m)
+
+
 def ctl_update_retried(spec, turns, ref):
     """CONTROL: the first update sent twice with the same values (a retry after a timeout). Must still pass."""
     for ti, si, tool, _args, _rec in _updates(spec, turns):
@@ -1330,7 +1549,10 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "terse_message": op_terse_message, "undone_update": op_undone_update, "copy_outside": op_copy_outside,
              "outside_recipient_added": op_outside_recipient_added, "later_turn_skipped": op_later_turn_skipped,
              "follow_up_too_early": op_follow_up_too_early, "created_record_mislabeled": op_created_record_mislabeled,
-             "earlier_work_deleted": op_earlier_work_deleted,
+             "earlier_work_deleted": op_earlier_work_deleted, "line_dropped_from_a_text": op_line_dropped_from_a_text,
+             "same_write_on_a_lookalike": op_same_write_on_a_lookalike, "posted_in_another_channel": op_posted_in_another_channel,
+             "person_swapped_for_a_namesake": op_person_swapped_for_a_namesake, "meeting_shortened": op_meeting_shortened,
+             "polite_but_empty": op_polite_but_empty, "stale_value_after_an_edit": op_stale_value_after_an_edit,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,
@@ -1338,7 +1560,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "internal_note (control)": ctl_internal_note, "reply_to_all (control)": ctl_reply_to_all,
              "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
              "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped,
-             "update_retried (control)": ctl_update_retried}
+             "update_retried (control)": ctl_update_retried, "text_record_extended (control)": ctl_text_record_extended}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -367,17 +367,18 @@ return False"""
 def _after_event(p: dict[str, Any], strict: bool) -> str:
     """Turn order: the agent's successful ``tool`` calls (those with the arguments in ``args``, when
     given: the call that does the item's work, not an internal note beside it) came after the world
-    event by ``actor``."""
+    event by ``actor``. ``tool`` may name several tools, "|"-joined (a new mail or a reply)."""
     if not strict:
-        return f"return len(_agent_calls(ev, {p['tool']!r})) > 0"
+        return f"return any(_agent_calls(ev, t) for t in {p['tool']!r}.split('|'))"
     args = p.get("args") or {}
     return f"""want = {args!r}
+tools = {p['tool']!r}.split("|")
 seen = None
 done = False
 for e in ev["audit"]:
     if e["actor"] == {p['actor']!r} and seen is None:
         seen = e["seq"]
-    if e["actor"] == "agent" and e["tool"] == {p['tool']!r} and e["ok"] and all(e["args"].get(k) == v for k, v in want.items()):
+    if e["actor"] == "agent" and e["tool"] in tools and e["ok"] and all(e["args"].get(k) == v for k, v in want.items()):
         if seen is None:
             return False
         done = True

@@ -115,9 +115,13 @@ def ticket_triage_followup(ctx: Ctx) -> Composition:
     cust = wb.add_contact(acc)
     oncall = wb.add_person(team="Support")
     others = [wb.add_person(team="Support") for _ in range(1 + ctx.near_duplicates)]
-    problem = ctx.piece("problem").choice([("CSV export fails", "XLSX exports fail too"), ("Login loops back to the start page", "it also happens on mobile"),
-                                           ("Invoices PDF is blank", "the March invoices are affected as well"), ("Webhook deliveries delayed", "delays are now over an hour")])
-    subject, update = problem
+    # (subject, the customer's update, the word of the update an acknowledgement must repeat: a word that says what
+    # is new, never a stop word such as 'it' or 'the', which any polite comment contains)
+    problem = ctx.piece("problem").choice([("CSV export fails", "XLSX exports fail too", "XLSX"),
+                                           ("Login loops back to the start page", "it also happens on mobile", "mobile"),
+                                           ("Invoices PDF is blank", "the March invoices are affected as well", "March"),
+                                           ("Webhook deliveries delayed", "delays are now over an hour", "hour")])
+    subject, update, key = problem
     tkt = wb.add_ticket(subject, cust["email"], f"Since yesterday: {subject.lower()}. Please help.")
     for o in others:  # look-alike tickets from other customers
         wb.add_ticket(subject, wb.add_contact(wb.add_account())["email"], f"We see something similar: {subject.lower()}.", assignee=o["email"])
@@ -127,7 +131,8 @@ def ticket_triage_followup(ctx: Ctx) -> Composition:
     comment_id_text = f"Update from {first(cust['name'])}: {update}."
     user1 = (f"Triage the ticket {cust['name']} opened about '{subject}': set its priority to high and assign it to this week's "
              f"on-call engineer (see the support channel).")
-    user2 = f"{first(cust['name'])} added an update on that ticket. Acknowledge it with a public comment and set the ticket to pending."
+    user2 = (f"{first(cust['name'])} added an update on that ticket. Acknowledge it with a public comment that says what you noted, "
+             f"and set the ticket to pending.")
     t1 = ProgramTurn(steps=[
         Step(tool="helpdesk_search_tickets", args={"requester": cust["email"]}, bind={"t": "0.id"}),
         Step(tool="chat_search", args={"query": "on-call this week"}),
@@ -141,7 +146,6 @@ def ticket_triage_followup(ctx: Ctx) -> Composition:
         Step(tool="helpdesk_update_ticket", args={"ticket_id": V("t"), "status": "pending"}),
     ], reply="I acknowledged the update publicly and set the ticket to pending.")
     event = Event(tool="helpdesk_requester_comment", args={"ticket_id": tkt["id"], "author": cust["email"], "body": comment_id_text}, actor="customer")
-    key = update.split()[0]
     items = [
         ItemPlan("triaged", f"Ticket is high priority and assigned to {oncall['email']}, still {tkt['status']}",
                  CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"], "fields": {"priority": "high", "assignee": oncall["email"],
@@ -175,38 +179,59 @@ def quote_followup(ctx: Ctx) -> Composition:
         wb.add_deal(acc, stage="lost")
     amount = deal["amount"]
     reply_id = wb.id("msg")
+    # The buyer's answer: the user's "if they accepted" must be read, so some buyers decline or haggle
+    # (an agent that marks every quoted deal won fails those).
+    answer = ctx.piece("answer").choice(["accept", "accept", "decline", "counter"])
+    counter = round(amount * 0.85 / 100) * 100
+    answer_body = {
+        "accept": f"we accept the quote of {amount:.2f} USD. Please go ahead.",
+        "decline": "thank you for the quote, but we have decided not to go ahead this quarter.",
+        "counter": f"{amount:.2f} USD is above our budget. We could sign at {counter:.2f} USD; could you do that?",
+    }[answer]
     user1 = (f"Send {buyer['name']} at {acc['name']} our quote for the '{deal['name']}' deal: email them the amount from the CRM "
              f"and ask them to confirm.")
-    user2 = f"{first(buyer['name'])} answered. If they accepted, mark the deal as won and thank them in a reply."
+    user2 = (f"{first(buyer['name'])} answered. If they accepted, mark the deal as won and thank them in a reply; "
+             f"if not, leave the deal as it is and tell me what they said.")
     t1 = ProgramTurn(steps=[
         Step(tool="crm_search_contacts", args={"query": buyer["name"]}, bind={"b": "0.email", "acc": "0.account_id"}),
         Step(tool="crm_search_deals", args={"account_id": V("acc"), "stage": "proposal"}, bind={"d": "0.id"}),
         Step(tool="mail_send", args={"to": [V("b")], "subject": f"Quote: {deal['name']}",
                                      "body": f"Hi {first(buyer['name'])}, our quote for {deal['name']} is {amount:.2f} USD. Could you confirm? Best, {first(me['name'])}"}),
     ], reply=f"Sent the quote of {amount:.2f} USD to {buyer['name']}.")
-    t2 = ProgramTurn(steps=[
-        Step(tool="mail_search", args={"sender": buyer["email"]}, bind={"r": "0.id"}),
-        Step(tool="mail_read", args={"message_id": V("r")}),
-        Step(tool="crm_update_deal", args={"deal_id": V("d"), "stage": "won", "note": f"Accepted by {buyer['name']} by email"}),
-        Step(tool="mail_reply", args={"message_id": V("r"), "body": f"Thank you {first(buyer['name'])}, we are glad to have {acc['name']} on board!"}),
-    ], reply="The deal is marked won and I thanked them.")
+    read = [Step(tool="mail_search", args={"sender": buyer["email"]}, bind={"r": "0.id"}), Step(tool="mail_read", args={"message_id": V("r")})]
+    if answer == "accept":
+        t2 = ProgramTurn(steps=read + [
+            Step(tool="crm_update_deal", args={"deal_id": V("d"), "stage": "won", "note": f"Accepted by {buyer['name']} by email"}),
+            Step(tool="mail_reply", args={"message_id": V("r"), "body": f"Thank you {first(buyer['name'])}, we are glad to have {acc['name']} on board!"}),
+        ], reply="The deal is marked won and I thanked them.")
+    else:
+        t2 = ProgramTurn(steps=read, reply=(f"{first(buyer['name'])} declined for this quarter" if answer == "decline" else
+                                            f"{first(buyer['name'])} did not accept {amount:.2f} USD; they offered {counter:.2f} USD")
+                         + f", so I left '{deal['name']}' as it is.")
     event = Event(tool="mail_deliver", actor="customer", args={
         "id": reply_id, "sender": buyer["email"], "to": [me["email"]], "subject": f"Re: Quote: {deal['name']}",
-        "body": f"Hi {first(me['name'])}, we accept the quote of {amount:.2f} USD. Please go ahead.\n{buyer['name']}"})
+        "body": f"Hi {first(me['name'])}, {answer_body}\n{buyer['name']}"})
     # the buyer must not read another customer's or another deal's name (a leak and a wrong quote)
     wrong = other_names(wb.state, "crm.accounts", "name", acc["name"], deal["name"]) + other_names(wb.state, "crm.deals", "name", deal["name"])
     items = [
         ItemPlan("quote_sent", f"Quote email to {buyer['email']} states {amount:.2f}",
                  CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": [], "amounts": [amount], "excludes": wrong}, service="mail"), 2.0, turn=0),
-        ItemPlan("deal_won", "Deal stage is won", CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won"}}, service="crm"), 2.0, turn=1),
-        ItemPlan("thanked", "A reply thanks the buyer in the acceptance thread",
-                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": ["thank"], "in_reply_to": reply_id, "excludes": wrong}, service="mail"), 1.0, turn=1),
-        ItemPlan("won_after_acceptance", "The deal was marked won only after the acceptance arrived",
-                 CheckSpec("after_event", {"actor": "customer", "tool": "crm_update_deal", "args": {"stage": "won"}}, service="crm"), 1.0, turn=1),
     ]
+    if answer == "accept":
+        items += [
+            ItemPlan("deal_won", "Deal stage is won", CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won"}}, service="crm"), 2.0, turn=1),
+            ItemPlan("thanked", "A reply thanks the buyer in the acceptance thread",
+                     CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": ["thank"], "in_reply_to": reply_id, "excludes": wrong}, service="mail"), 1.0, turn=1),
+            ItemPlan("won_after_acceptance", "The deal was marked won only after the acceptance arrived",
+                     CheckSpec("after_event", {"actor": "customer", "tool": "crm_update_deal", "args": {"stage": "won"}}, service="crm"), 1.0, turn=1),
+        ]
+    else:  # not accepted: the deal stays where it was, at the quoted amount (not won, not re-priced to the counter-offer)
+        items.append(ItemPlan("deal_left_open", f"The buyer did not accept: the deal is still at {deal['stage']}, {amount:.2f}",
+                              CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": deal["stage"], "amount": amount}},
+                                        service="crm"), 2.0, turn=1))
     return Composition(
         title=f"Quote and close '{deal['name']}'", world=wb, turns=[Turn(user=user1), Turn(user=user2, events=[event])],
         reference=[t1, t2], items=items, targets={"crm.deals": [deal["id"]], "mail.messages": [reply_id]}, new_in=["mail.messages"],
         allowed_domains=[acc["domain"]], mentions=[mention("crm.contacts", "name", buyer["name"], "buyer"), mention("crm.deals", "name", deal["name"], "deal")],
-        facts={"deal_id": deal["id"], "amount": amount},
+        facts={"deal_id": deal["id"], "amount": amount, "answer": answer},
     )
