@@ -221,6 +221,16 @@ def test_messages_naming_another_record_fail_at_word_edges():
     assert _run_check(source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": [], "excludes": []})), _sent_evidence("Hi", "Done."))
 
 
+def test_a_fact_may_be_said_in_any_of_its_phrasings_at_word_edges():
+    """``says``: the notice may say the meeting is 'cancelled', 'called off' or 'off'; 'this office' is not 'is off'."""
+    code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "says": [["cancelled", "called off", "is off"]]}))
+    assert _run_check(code, _sent_evidence("Design critique", "It is cancelled."))
+    assert _run_check(code, _sent_evidence("Design critique", "We have CALLED OFF today's session."))
+    assert _run_check(code, _sent_evidence("Update", "Design critique is off, sorry"))
+    assert not _run_check(code, _sent_evidence("Design critique", "See you in this office at 3."))
+    assert not _run_check(code, _sent_evidence("Design critique", "It is on as planned."))
+
+
 def test_no_deletes_covers_work_made_in_an_earlier_turn():
     """The final diff cannot show a task made in turn 1 and deleted in turn 2; the audit log can. Made and
     removed within one turn (an agent undoing its own slip) is no deletion of anything the user had."""
@@ -1475,6 +1485,28 @@ def ctl_text_record_extended(spec, turns, ref):
         yield f"{turns[ti][si][0]}.{k} + a line", _program(spec, m)
 
 
+REWORDINGS = [("is cancelled", "has been called off"), ("cancelled", "called off"), ("is moved to", "now takes place"), ("moved to", "rescheduled for"),
+              ("Thank you", "Many thanks"), ("Thanks", "Many thanks"), ("attached is", "I attached"), ("I shared", "I gave you access to"),
+              ("is now corrected to", "now stands at"), ("the corrected amount is", "after the correction it comes to"),
+              ("Escalated", "Raised to urgent"), ("this is a duplicate of", "we are tracking this in"), ("noted that", "thanks for letting us know"),
+              ("is marked won", "is closed as won"), ("Open tasks for", "Still on the plate of"), ("Could you confirm?", "Does that work for you?")]
+
+
+def ctl_messages_reworded(spec, turns, ref):
+    """CONTROL: every message saying the same facts in other words ('called off' for 'cancelled', 'rescheduled
+    for' for 'moved to', 'many thanks'). Must still pass."""
+    m = copy.deepcopy(turns)
+    n = 0
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = text
+        for a, b in REWORDINGS:
+            new = new.replace(a, b)
+        if new != text:
+            m[ti][si][1][k], n = new, n + 1
+    if n:
+        yield f"{n} messages reworded", _program(spec, m)
+
+
 def ctl_update_retried(spec, turns, ref):
     """CONTROL: the first update sent twice with the same values (a retry after a timeout). Must still pass."""
     for ti, si, tool, _args, _rec in _updates(spec, turns):
@@ -1560,7 +1592,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "internal_note (control)": ctl_internal_note, "reply_to_all (control)": ctl_reply_to_all,
              "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
              "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped,
-             "update_retried (control)": ctl_update_retried, "text_record_extended (control)": ctl_text_record_extended}
+             "update_retried (control)": ctl_update_retried, "text_record_extended (control)": ctl_text_record_extended,
+             "messages_reworded (control)": ctl_messages_reworded}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

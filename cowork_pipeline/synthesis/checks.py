@@ -236,6 +236,12 @@ def _excludes_test(text: str, p: dict[str, Any]) -> str:
     return f"    if _mentions({text}, {names!r}.split('|')):\n        continue"
 
 
+def _says_test(text: str, p: dict[str, Any]) -> str:
+    """A loop-body guard: ``text`` says each of ``says``, a list of groups of phrasings of one fact (the
+    meeting is 'cancelled' or 'called off' or 'off'), in any of its group's words, at word edges."""
+    return "\n".join(f"    if not _mentions({text}, {_excluded(group)!r}.split('|')):\n        continue" for group in p.get("says") or [])
+
+
 def _when_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` states the date and time in ``when`` in any usual way (2026-03-05,
     March 5th, 5 Mar; 15:00, 3pm, 3:00 p.m.), not only as the reference wrote it. The notations are
@@ -262,6 +268,7 @@ for m in _sent(ev):
 {"    if m.get('in_reply_to') != " + repr(reply_to) + ":" + chr(10) + "        continue" if reply_to is not None else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
+{_says_test('m["subject"] + " " + m["body"]', p)}
 {_excludes_test('m["subject"] + " " + m["body"]', p)}
 {_amounts_test('m["subject"] + " " + m["body"]', p)}
 {_when_test('m["subject"] + " " + m["body"]', p)}
@@ -342,6 +349,7 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
     return f"""for m in _new(ev, "chat.messages"):
     if m["channel_id"] != {p['channel_id']!r} or m["author"] != ev["profile"].get("email") or not _has(m["text"], {p.get('includes', [])!r}):
         continue
+{_says_test('m["text"]', p)}
 {_excludes_test('m["text"]', p)}
 {_amounts_test('m["text"]', p)}
 {_when_test('m["text"]', p)}

@@ -457,6 +457,9 @@ def ticket_duplicate_close(ctx: Ctx) -> Composition:
 # ---- 7. cancel an event and notify a channel ---------------------------------------------
 CANCELS = ["Design critique", "Vendor review", "Customer advisory call", "Brand workshop", "Roadmap deep dive"]
 CHANNELS = ["design", "product-team", "marketing", "platform"]
+# What a notice may say instead of "cancelled" (the user asked that everyone knows the meeting "is off")
+CANCELLED = ["cancelled", "canceled", "cancel", "cancelling", "cancellation", "called off", "is off", "is not happening",
+             "will not take place", "won't take place", "no longer takes place", "will not happen", "won't happen"]
 
 
 @composer("calendar_cancel_notify")
@@ -496,7 +499,8 @@ def calendar_cancel_notify(ctx: Ctx) -> Composition:
         ItemPlan("cancelled", f"'{title}' on {day:%Y-%m-%d} is cancelled",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"], "fields": {"status": "cancelled"}}, service="calendar"), 2.0),
         ItemPlan("notice_posted", f"A post in #{chan} says '{title}' on {day:%Y-%m-%d} is cancelled",
-                 CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title, "cancel"], "when": {"date": f"{day:%Y-%m-%d}"}}, service="chat"), 1.0),
+                 CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title], "says": [CANCELLED], "when": {"date": f"{day:%Y-%m-%d}"}},
+                           service="chat"), 1.0),
     ]
     return Composition(
         title=f"Cancel '{title}' and tell #{chan}", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
