@@ -89,6 +89,7 @@ def synthesized_environments(context: AssetExecutionContext, lake: LakeResource,
                             "survival_rate": tel["survival_rate"], "first_pass_rate": tel["first_pass_rate"],
                             "mean_rounds_accepted": tel["mean_rounds_accepted"], "attempts": tel["attempts"],
                             "seconds_per_accepted": tel["seconds_per_accepted"] or 0.0,
+                            "wall_seconds_per_accepted": tel["wall_seconds_per_accepted"] or 0.0,
                             "llm_tokens_per_accepted": tel["llm_tokens_per_accepted"] or 0.0,
                             "accepted_by_round_json": json.dumps(tel["accepted_by_round"]),
                             "diagnostic_counts_json": json.dumps(tel["diagnostic_counts"])}])

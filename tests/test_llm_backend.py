@@ -23,7 +23,7 @@ from cowork_pipeline.synthesis.embedded import EmbeddedBackend
 from cowork_pipeline.synthesis.llm import (
     PROMPTS_DIR, LLMBackend, NoJSON, example_document, extract_json_object, load_template, prompt_sha256,
 )
-from cowork_pipeline.synthesis.repair import synthesize
+from cowork_pipeline.synthesis.repair import synthesize, telemetry
 from cowork_pipeline.validation.certify import VALIDATOR_VERSION, Validator
 
 MODEL = "test-model"
@@ -330,7 +330,11 @@ def test_repair_loop_keeps_requests_in_flight_with_the_same_outcomes(llm, cap, g
     seeds = [0, 1, 2, 3, 4, 5]
     llm.responder, llm.delay_s = prose_then_good(good_doc), 0.2
     progress: list[str] = []
+    t0 = time.perf_counter()
     together = synthesize(llm.backend(concurrency=3), validator, cap, seeds, max_rounds=2, log=progress.append)
+    tel = telemetry(together, wall_seconds=time.perf_counter() - t0)
+    # 9 requests of 0.2 s, 3 at a time: the attempts' seconds add up to well over the elapsed time
+    assert tel["seconds_total"] > 1.5 * tel["wall_seconds"] > 0 and abs(tel["wall_seconds_per_accepted"] - tel["wall_seconds"] / 6) < 1e-4
     assert [line.split(" (")[0] for line in progress] == [  # one line per round: what a user watches
         "invoice_reconcile round 0: 3/6 certified, revising 3", "invoice_reconcile round 1: 3/3 certified, done"]
     assert 2 <= llm.max_in_flight <= 3, llm.max_in_flight

@@ -1649,6 +1649,8 @@ def test_run_synthesis_tables_have_the_documented_schemas(backend, validator):
     assert t.validated.height + t.rejected.height == len(seeds)
     assert t.drafts.height == t.repair_log.height == t.telemetry["attempts"]
     assert t.telemetry["capability_id"] == cap.id and t.telemetry["drafts"] == len(seeds)
+    # one at a time (the embedded backend): the elapsed time covers every attempt's seconds
+    assert t.telemetry["wall_seconds"] >= t.telemetry["seconds_total"] > 0 and t.telemetry["wall_seconds_per_accepted"] > 0
     assert t.drafts["attempt_id"].n_unique() == t.drafts.height
     assert t.repair_log.filter(pl.col("round") > 0)["changes"].list.len().min() > 0
     for row in t.validated.iter_rows(named=True):

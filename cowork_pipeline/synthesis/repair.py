@@ -115,8 +115,10 @@ def _safe(fn: Any, capability: Capability, seed: int, backend: GeneratorBackend,
                      parse_diagnostics=[Diagnostic("generator_error", f"{type(e).__name__}: {e}")])
 
 
-def telemetry(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    """Survival rate, success by round, mean rounds, cost per surviving environment."""
+def telemetry(outcomes: Sequence[Outcome], wall_seconds: float | None = None) -> dict[str, Any]:
+    """Survival rate, success by round, mean rounds, cost per surviving environment. ``seconds_*`` add up each
+    attempt's drafting and certification time (request-seconds: with requests in flight at once they exceed the
+    elapsed time); ``wall_seconds_*`` is the elapsed time of the whole synthesis, when the caller measured it."""
     n = len(outcomes)
     accepted = [o for o in outcomes if o.accepted]
     by_round: dict[int, int] = {}
@@ -137,6 +139,8 @@ def telemetry(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "mean_rounds_accepted": round(sum(o.rounds for o in accepted) / len(accepted), 4) if accepted else 0.0,
         "attempts": sum(len(o.attempts) for o in outcomes),
         "seconds_total": round(seconds, 4), "seconds_per_accepted": round(seconds / len(accepted), 6) if accepted else None,
+        "wall_seconds": round(wall_seconds, 4) if wall_seconds is not None else None,
+        "wall_seconds_per_accepted": round(wall_seconds / len(accepted), 6) if accepted and wall_seconds is not None else None,
         "llm_tokens_per_accepted": round(tokens / len(accepted), 2) if accepted else None,
         "diagnostic_counts": dict(sorted(codes.items())),
     }

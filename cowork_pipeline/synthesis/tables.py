@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -41,11 +42,13 @@ class SynthesisTables:
 
 def run_synthesis(capability: Capability, seeds: Sequence[int], backend: GeneratorBackend, validator: Validator,
                   max_rounds: int = 3, log: Callable[[str], None] | None = None) -> SynthesisTables:
+    t0 = time.perf_counter()
     outcomes = synthesize(backend, validator, capability, seeds, max_rounds=max_rounds, log=log)
-    return tables_from(capability, outcomes, backend)
+    return tables_from(capability, outcomes, backend, wall_seconds=time.perf_counter() - t0)
 
 
-def tables_from(capability: Capability, outcomes: Sequence[Outcome], backend: GeneratorBackend) -> SynthesisTables:
+def tables_from(capability: Capability, outcomes: Sequence[Outcome], backend: GeneratorBackend,
+                wall_seconds: float | None = None) -> SynthesisTables:
     drafts, logs, valid, rej = [], [], [], []
     for o in outcomes:
         for a in o.attempts:
@@ -76,5 +79,5 @@ def tables_from(capability: Capability, outcomes: Sequence[Outcome], backend: Ge
                         "last_spec_json": spec.to_json() if spec else None, "final_attempt_id": fin.draft.draft_id})
     return SynthesisTables(
         pl.DataFrame(drafts, schema=DRAFT_SCHEMA), pl.DataFrame(logs, schema=LOG_SCHEMA), pl.DataFrame(valid, schema=ENV_SCHEMA),
-        pl.DataFrame(rej, schema=REJ_SCHEMA), {"capability_id": capability.id, **telemetry(outcomes)},
+        pl.DataFrame(rej, schema=REJ_SCHEMA), {"capability_id": capability.id, **telemetry(outcomes, wall_seconds)},
     )
