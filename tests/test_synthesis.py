@@ -222,12 +222,13 @@ def test_messages_naming_another_record_fail_at_word_edges():
 
 
 def test_a_fact_may_be_said_in_any_of_its_phrasings_at_word_edges():
-    """``says``: the notice may say the meeting is 'cancelled', 'called off' or 'off'; 'this office' is not 'is off'."""
+    """``says``: the notice may say the meeting is 'cancelled', 'called off' or 'off'; 'this office' and 'is off-site' are not 'is off'."""
     code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "says": [["cancelled", "called off", "is off"]]}))
     assert _run_check(code, _sent_evidence("Design critique", "It is cancelled."))
     assert _run_check(code, _sent_evidence("Design critique", "We have CALLED OFF today's session."))
     assert _run_check(code, _sent_evidence("Update", "Design critique is off, sorry"))
     assert not _run_check(code, _sent_evidence("Design critique", "See you in this office at 3."))
+    assert not _run_check(code, _sent_evidence("Design critique", "It is off-site this week."))
     assert not _run_check(code, _sent_evidence("Design critique", "It is on as planned."))
 
 

@@ -64,6 +64,11 @@ def _mentions(text, forms):
             return True
     return False
 
+def _says(text, forms):
+    t = " ".join(str(text).lower().replace(",", " ").split())
+    import re
+    return any(re.search("(?<![0-9a-z-])" + re.escape(f) + "(?![0-9a-z-])", t) for f in forms if f in t)
+
 def _same_text(a, b):
     if not (isinstance(a, str) and isinstance(b, str)):
         return False
@@ -238,8 +243,9 @@ def _excludes_test(text: str, p: dict[str, Any]) -> str:
 
 def _says_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` says each of ``says``, a list of groups of phrasings of one fact (the
-    meeting is 'cancelled' or 'called off' or 'off'), in any of its group's words, at word edges."""
-    return "\n".join(f"    if not _mentions({text}, {_excluded(group)!r}.split('|')):\n        continue" for group in p.get("says") or [])
+    meeting is 'cancelled' or 'called off' or 'off'), in any of its group's words, at word edges (a hyphen
+    continues a word here: 'is off-site' does not say 'is off')."""
+    return "\n".join(f"    if not _says({text}, {_excluded(group)!r}.split('|')):\n        continue" for group in p.get("says") or [])
 
 
 def _when_test(text: str, p: dict[str, Any]) -> str:
