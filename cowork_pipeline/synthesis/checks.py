@@ -53,21 +53,16 @@ def _same_instant(a, b):
     except ValueError:
         return False
 
-def _mentions(text, forms):
+def _mentions(text, forms, word="0-9a-z"):
     t = " ".join(str(text).lower().replace(",", " ").split())
     found = [f for f in forms if f in t]  # plain substring first; the regex only confirms word edges
     if not found:
         return False
     import re
     for f in found:
-        if re.search("(?<![0-9a-z:])" + re.escape(f) + "(?![0-9a-z])", t):
+        if re.search("(?<![" + word + ":])" + re.escape(f) + "(?![" + word + "])", t):
             return True
     return False
-
-def _says(text, forms):
-    t = " ".join(str(text).lower().replace(",", " ").split())
-    import re
-    return any(re.search("(?<![0-9a-z-])" + re.escape(f) + "(?![0-9a-z-])", t) for f in forms if f in t)
 
 def _same_text(a, b):
     if not (isinstance(a, str) and isinstance(b, str)):
@@ -245,7 +240,7 @@ def _says_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` says each of ``says``, a list of groups of phrasings of one fact (the
     meeting is 'cancelled' or 'called off' or 'off'), in any of its group's words, at word edges (a hyphen
     continues a word here: 'is off-site' does not say 'is off')."""
-    return "\n".join(f"    if not _says({text}, {_excluded(group)!r}.split('|')):\n        continue" for group in p.get("says") or [])
+    return "\n".join(f"    if not _mentions({text}, {_excluded(group)!r}.split('|'), '0-9a-z-'):\n        continue" for group in p.get("says") or [])
 
 
 def _when_test(text: str, p: dict[str, Any]) -> str:
