@@ -45,8 +45,8 @@ Isolation layers (defence in depth; each is cheap, none is trusted alone)
    not help, the call is reported ``forbidden`` and the worker is recycled.
    Kernel-level: empty network namespace (``unshare(CLONE_NEWNET)``), ``chroot``
    into an empty private temp dir, privileges dropped to ``nobody``, rlimits
-   (``RLIMIT_AS`` memory, ``RLIMIT_CPU`` per batch, ``RLIMIT_NPROC=0``,
-   ``RLIMIT_FSIZE=0``, ``RLIMIT_NOFILE`` = the fds it already has,
+   (``RLIMIT_AS`` memory, ``RLIMIT_CPU`` per batch, renewed after a call its own
+   timer stopped, ``RLIMIT_NPROC=0``, ``RLIMIT_FSIZE=0``, ``RLIMIT_NOFILE`` = the fds it already has,
    ``RLIMIT_CORE=0``), ``PR_SET_NO_NEW_PRIVS``, ``PR_SET_DUMPABLE=0``,
    parent-death signal and a seccomp-BPF filter (x86_64) that fails every
    open/exec/fork/clone/socket/kill/ptrace/mount/... syscall with ``EPERM``.
