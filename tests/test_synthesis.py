@@ -279,7 +279,7 @@ def _run_and_grade(sb, spec: EnvironmentSpec, turns) -> Any:
     return g
 
 
-def _reference_turns(sb, spec: EnvironmentSpec) -> list[list[tuple[str, dict[str, Any]]]]:
+def _reference_turns(spec: EnvironmentSpec) -> list[list[tuple[str, dict[str, Any]]]]:
     ref = run_episode(spec, ProgramAgent(spec.reference, name="reference"))
     return [[(t, a) for t, a, _r in steps] for steps in _executed(spec, ref)]
 
@@ -289,7 +289,7 @@ def test_a_quote_that_was_not_accepted_must_not_be_marked_won(sb, backend, valid
     """"If they accepted, mark the deal as won": some buyers decline or make a counter-offer, so an agent
     that marks every quoted deal won (or re-prices it to the counter-offer) fails; leaving it passes."""
     spec = _certified_where(backend, validator, "quote_followup", lambda s: s.facts["answer"] == answer)
-    turns = _reference_turns(sb, spec)
+    turns = _reference_turns(spec)
     assert not any(_writes(t) for t, _a in turns[1])  # the reference only reads the answer
     assert _run_and_grade(sb, spec, turns).passed
     deal, reply = spec.facts["deal_id"], spec.turns[1].events[0].args["id"]
@@ -300,7 +300,7 @@ def test_a_quote_that_was_not_accepted_must_not_be_marked_won(sb, backend, valid
         repriced = [("crm_update_deal", {"deal_id": deal, "amount": round(spec.facts["amount"] * 0.85 / 100) * 100.0})]
         assert "deal_left_open" in _run_and_grade(sb, spec, [turns[0], turns[1] + repriced]).failed_items()
     accepted = _certified_where(backend, validator, "quote_followup", lambda s: s.facts["answer"] == "accept")
-    reads_only = _reference_turns(sb, accepted)
+    reads_only = _reference_turns(accepted)
     reads_only[1] = [(t, a) for t, a in reads_only[1] if not _writes(t)]
     assert {"deal_won", "thanked"} <= set(_run_and_grade(sb, accepted, reads_only).failed_items())
 
@@ -309,7 +309,7 @@ def test_a_request_nothing_was_approved_for_gets_a_polite_no_without_attachment(
     """The owner approves nothing: sending the public summary anyway fails, and so do an empty "OK." and a
     no in another thread than the request's (a new mail, or a reply to an older mail of the requester)."""
     spec = _certified_where(backend, validator, "confidential_request", lambda s: not s.facts["approved"])
-    turns = _reference_turns(sb, spec)
+    turns = _reference_turns(spec)
     assert _run_and_grade(sb, spec, turns).passed
     req, conf, pub = spec.facts["requester"], spec.facts["confidential_doc"], spec.facts["public_doc"]
     title = spec.world["docs.documents"][conf]["title"]
@@ -333,7 +333,7 @@ def test_updated_notes_keep_every_other_line(sb, outcomes):
     """"Keep the rest of the notes as they are": the decision written with the title or the open question
     lost fails; the decision added as a line of its own at the end, old lines untouched, passes."""
     spec = certified_spec(outcomes, "doc_update_from_thread")
-    turns = _reference_turns(sb, spec)
+    turns = _reference_turns(spec)
     [(ti, si)] = [(ti, si) for ti, steps in enumerate(turns) for si, (t, _a) in enumerate(steps) if t == "docs_update"]
     tool, args = turns[ti][si]
     old = spec.world["docs.documents"][args["doc_id"]]["content"]
@@ -350,7 +350,7 @@ def test_an_acknowledgement_must_say_what_was_noted(sb, outcomes):
     """The customer's update must be acknowledged by what is new in it ('mobile', 'XLSX'), not by a polite
     comment any update would get (which contains 'it' and 'the', the words the old checker looked for)."""
     spec = certified_spec(outcomes, "ticket_triage_followup")
-    turns = _reference_turns(sb, spec)
+    turns = _reference_turns(spec)
     [(si, (tool, args))] = [(si, st) for si, st in enumerate(turns[1]) if st[0] == "helpdesk_add_comment"]
     m = copy.deepcopy(turns)
     m[1][si] = (tool, {**args, "body": "Thanks for the update, we are looking into it and will get back to you with the details."})
@@ -900,15 +900,19 @@ def _likeness(a: dict[str, Any], b: dict[str, Any]) -> float:
     return score
 
 
+def _lookalike(spec, coll: str, rid: str) -> dict[str, Any] | None:
+    """The record of ``coll`` most similar to ``rid`` (None: it is the only one)."""
+    others = [r for k, r in sorted(spec.world[coll].items()) if k != rid]
+    return max(others, key=lambda r: _likeness(spec.world[coll][rid], r)) if others else None
+
+
 def op_near_duplicate_record(spec, turns, ref):
     """The right write (same values) to the most similar *other* record of the same collection."""
     for ti, si in _write_sites(turns):
         tool, args, _ = turns[ti][si]
         for name, coll in _record_params(spec, tool, args):
-            target = spec.world[coll][args[name]]
-            others = [r for rid, r in sorted(spec.world[coll].items()) if rid != args[name]]
-            if others:
-                twin = max(others, key=lambda r: _likeness(target, r))
+            twin = _lookalike(spec, coll, args[name])
+            if twin is not None:
                 m = copy.deepcopy(turns)
                 m[ti][si][1][name] = twin["id"]
                 yield f"{tool}.{name}: {args[name]} -> look-alike {twin['id']}", _program(spec, m)
@@ -1389,9 +1393,8 @@ def op_same_write_on_a_lookalike(spec, turns, ref):
         if REGISTRY[tool].destructive:
             continue
         for name, coll in _record_params(spec, tool, args):
-            others = [r for rid, r in sorted(spec.world[coll].items()) if rid != args[name]]
-            if others:
-                twin = max(others, key=lambda r: _likeness(spec.world[coll][args[name]], r))
+            twin = _lookalike(spec, coll, args[name])
+            if twin is not None:
                 m = copy.deepcopy(turns)
                 m[ti].insert(si + 1, (tool, {**args, name: twin["id"]}, None))
                 yield f"{tool} also on {twin['id']}", _program(spec, m)
