@@ -25,7 +25,7 @@ from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.validation.grader import Grade, grade_many
 from cowork_pipeline.validation.mutations import OPERATORS, Mutant, equivalent, executed_program, mutants
 
-VALIDATOR_VERSION = "certify-4"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants
+VALIDATOR_VERSION = "certify-5"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
 _NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
 

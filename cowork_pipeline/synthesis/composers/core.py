@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
-from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
+from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
 from cowork_pipeline.synthesis.composers._common import V, first, mention, other_names
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
@@ -46,7 +46,7 @@ def invoice_reconcile(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}}, service="crm"), 2.0),
         ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "in_reply_to": msg["id"],
-                                                                                                                  "excludes": other_names(wb.state, "crm.invoices", "number", number)}, service="mail")),
+                                                                                                                  "excludes": other_names(wb.state, "crm.invoices", "number", number), "ids": id_shape(number)}, service="mail")),
     ]
     return Composition(
         title=f"Reconcile invoice {number} for {acc['name']}", world=wb, turns=[Turn(user=user)], reference=reference, items=items,
@@ -233,5 +233,5 @@ def quote_followup(ctx: Ctx) -> Composition:
         title=f"Quote and close '{deal['name']}'", world=wb, turns=[Turn(user=user1), Turn(user=user2, events=[event])],
         reference=[t1, t2], items=items, targets={"crm.deals": [deal["id"]], "mail.messages": [reply_id]}, new_in=["mail.messages"],
         allowed_domains=[acc["domain"]], mentions=[mention("crm.contacts", "name", buyer["name"], "buyer"), mention("crm.deals", "name", deal["name"], "deal")],
-        facts={"deal_id": deal["id"], "amount": amount, "answer": answer},
+        facts={"deal_id": deal["id"], "amount": amount, "answer": answer, **({"counter": float(counter)} if answer == "counter" else {})},
     )

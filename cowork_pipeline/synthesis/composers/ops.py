@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
-from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
+from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
 from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE, DOMAIN, ROLES, slug
@@ -367,13 +367,15 @@ def invoice_dispute(ctx: Ctx) -> Composition:
         ItemPlan("ticket_opened", f"A high-priority ticket about {number} with {cust['email']} as requester",
                  CheckSpec("record_created", {"collection": "helpdesk.tickets", "match": {"requester": cust["email"], "priority": "high"},
                                               "includes": {"subject": [number]},
-                                              "excludes": {"subject": wrong, "description": wrong}}, service="helpdesk"), 2.0, turn=0),
+                                              "excludes": {"subject": wrong, "description": wrong}, "ids": id_shape(number)}, service="helpdesk"),
+                 2.0, turn=0),
         # Judged on the world as turn 1 left it (turn 2 sets the status back to open).
         ItemPlan("dispute_recorded", f"At the end of turn 1, invoice {number} is disputed (amount still {old:.2f})",
                  CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"status": "disputed", "amount": old}},
                            service="crm"), 1.0, turn=0),
         ItemPlan("amount_sent", f"A reply to {cust['email']} in the dispute thread gives {corrected:.2f}",
-                 CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [corrected], "in_reply_to": msg_id, "excludes": wrong},
+                 CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [corrected], "in_reply_to": msg_id, "excludes": wrong,
+                                         "ids": id_shape(number)},
                            service="mail"),
                  2.0, turn=1),
         ItemPlan("reopened", f"Invoice {number} is open again at {corrected:.2f}",
