@@ -664,6 +664,25 @@ def test_a_checker_timing_out_on_every_call_does_not_exhaust_the_batch_for_the_o
         assert_healthy(box)
 
 
+def test_a_slow_checker_spends_its_own_budget_not_the_batch_s() -> None:
+    """A checker that stays under its 3 s timeout but takes ~0.15 s on each of 24 trajectories (3.6 s each, far
+    past the 1 s budget): once its calls have used their budget the rest of them are timeouts, and the
+    honest calls queued with them all pass (a shared batch budget killed the worker every ~7 slow calls
+    and re-ran the batch until every call left, honest or not, ended "worker died repeatedly"); a second
+    slow checker gets a budget of its own."""
+    slow = check_src("n = 0\nwhile n < 4000000:\n    n += 1\nreturn {'n': n}")
+    with Sandbox(workers=1, limits=SandboxLimits(cpu_seconds=1.0, call_timeout_s=3.0)) as box:
+        calls = [c for i in range(24) for c in (("slow", {"i": i}), ("good", {"xs": list(range(i))}), ("slow2", {"i": i}))]
+        results = box.evaluate({"slow": slow, "slow2": slow, "good": GOOD}, calls)
+        assert all(r.ok and r.value["n"] == i for i, r in enumerate(results[1::3])), [r for r in results[1::3] if not r.ok][:2]
+        for mine in (results[0::3], results[2::3]):
+            ran = [r for r in mine if r.ok]
+            assert 1 <= len(ran) < 24 and all(r.value == {"n": 4000000} for r in ran), [r.error for r in mine]
+            assert mine[:len(ran)] == ran  # the first ones ran, then the budget was spent
+            assert all(r.error_code == "timeout" and "budget" in (r.error or "") for r in mine[len(ran):]), mine[len(ran):][:1]
+        assert_healthy(box)
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -762,6 +762,22 @@ def test_runtime_layers_contain_escapes_without_the_static_policy(name, outcomes
         assert v.certify(planted(spec)).certified
 
 
+def test_a_slow_checker_fails_its_own_draft_only(outcomes):
+    """One draft's checker takes ~0.3 s on every trajectory (under its timeout, far over its 1 s CPU budget in
+    the batch): that draft gets checker_timeout, and the drafts certified beside it in the same batch get
+    exactly the verdicts they get alone (a shared batch budget once ended all of their calls as crashes)."""
+    slow_code = "def check(ev):\n    n = 0\n    while n < 8000000:\n        n += 1\n    return n > 0\n"
+    honest = [certified_spec(outcomes, cid) for cid in ("invoice_reconcile", "schedule_meeting", "chat_escalation")]
+    slow = with_item_code(honest[0], honest[0].rubric[0].id, slow_code).model_copy(update={"env_id": "invoice_reconcile-slow"})
+    with Sandbox(workers=1, limits=SandboxLimits(cpu_seconds=1.0, call_timeout_s=3.0)) as box:
+        v = Validator(box)
+        alone = [v.certify(planted(s)) for s in honest]
+        together = v.certify_many([planted(slow)] + [planted(s) for s in honest])
+    assert not together[0].certified and "checker_timeout" in codes(together[0]), together[0].diagnostics
+    for a, b in zip(alone, together[1:]):
+        assert b.certified and (b.diagnostics, b.mutants, b.confusion) == (a.diagnostics, a.mutants, a.confusion)
+
+
 def test_ambiguous_and_dangling_references(validator, outcomes):
     spec = certified_spec(outcomes, "invoice_reconcile")
     inv_id = spec.facts["invoice_id"]

@@ -25,7 +25,9 @@ from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.validation.grader import Grade, grade_many
 from cowork_pipeline.validation.mutations import OPERATORS, Mutant, equivalent, executed_program, mutants
 
-VALIDATOR_VERSION = "certify-5"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email
+CHECKER_ERRORS = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
+                  "memory": "checker_memory"}
+VALIDATOR_VERSION = "certify-5"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
 _NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
 
@@ -264,9 +266,20 @@ class Validator:
         ref_grade = grades[0]
         cert.reference_pass = ref_grade.passed
         for item, err in sorted(ref_grade.errors.items()):
-            code = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
-                    "memory": "checker_memory"}.get(err["code"], "checker_error")
-            diags.append(Diagnostic(code, f"checker '{item}' failed to run: {err['message']}", item=item, detail={"sandbox": err["code"]}))
+            diags.append(Diagnostic(CHECKER_ERRORS.get(err["code"], "checker_error"), f"checker '{item}' failed to run: {err['message']}",
+                                    item=item, detail={"sandbox": err["code"]}))
+        # A checker that runs out of time or memory, or breaks the sandbox's rules, on another trajectory did not
+        # judge it: said as such (once per item), not passed off as a killed mutant or a flipped verdict.
+        # (An exception is the checker's own way of failing a trajectory, as on the reference it is not.)
+        seen = set(ref_grade.errors)
+        labels = [label for label, _t, _m in runs[1:]] + ["reference (graded again)"]
+        for label, g in zip(labels, grades[1:]):
+            for item, err in sorted(g.errors.items()):
+                if item not in seen and err["code"] in ("timeout", "memory", "forbidden", "crash"):
+                    seen.add(item)
+                    diags.append(Diagnostic(CHECKER_ERRORS.get(err["code"], "checker_error"),
+                                            f"checker '{item}' failed to run on the {label} trajectory: {err['message']}",
+                                            item=item, detail={"sandbox": err["code"], "run": label}))
         if not any(d.code == "reference_incomplete" for d in diags):
             for item in ref_grade.failed_items():
                 if item not in ref_grade.errors:
@@ -275,11 +288,12 @@ class Validator:
         if len(runs) == 1:
             return cert
         second = grades[-1]
-        if second.items != ref_grade.items:
+        # (an item that could not run the second time is reported above, not as a flipped verdict)
+        flipped = sorted(k for k in ref_grade.items if ref_grade.items[k] != second.items.get(k) and k not in seen)
+        if flipped:
             cert.deterministic = False
-            flipped = sorted(k for k in ref_grade.items if ref_grade.items[k] != second.items.get(k))
             diags.append(Diagnostic("nondeterministic_checker", f"items {flipped} gave different verdicts on the same trajectory",
-                                    item=flipped[0] if flipped else None))
+                                    item=flipped[0]))
         confusion = {op: {"applicable": 0, "killed": 0} for op in OPERATORS}
         for (label, traj, m), g in zip(runs[1:], grades[1:-1]):
             if label == "equivalent":

@@ -45,8 +45,8 @@ Isolation layers (defence in depth; each is cheap, none is trusted alone)
    not help, the call is reported ``forbidden`` and the worker is recycled.
    Kernel-level: empty network namespace (``unshare(CLONE_NEWNET)``), ``chroot``
    into an empty private temp dir, privileges dropped to ``nobody``, rlimits
-   (``RLIMIT_AS`` memory, ``RLIMIT_CPU`` per batch, renewed after a call its own
-   timer stopped, ``RLIMIT_NPROC=0``, ``RLIMIT_FSIZE=0``, ``RLIMIT_NOFILE`` = the fds it already has,
+   (``RLIMIT_AS`` memory, ``RLIMIT_CPU`` as a backstop renewed as completed calls add
+   up, so it stops a call that escapes its timer; ``RLIMIT_NPROC=0``, ``RLIMIT_FSIZE=0``, ``RLIMIT_NOFILE`` = the fds it already has,
    ``RLIMIT_CORE=0``), ``PR_SET_NO_NEW_PRIVS``, ``PR_SET_DUMPABLE=0``,
    parent-death signal and a seccomp-BPF filter (x86_64) that fails every
    open/exec/fork/clone/socket/kill/ptrace/mount/... syscall with ``EPERM``.
@@ -539,7 +539,7 @@ class SandboxError(RuntimeError):
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    cpu_seconds: float = 5.0  # per batch, RLIMIT_CPU-enforced backstop
+    cpu_seconds: float = 5.0  # per checker per batch (its calls' seconds); also the RLIMIT_CPU backstop for a call escaping its timer
     call_timeout_s: float = 1.0  # per call, in-worker setitimer + parent wall-clock backstop
     memory_mb: int = 512  # RLIMIT_AS of each worker
     max_result_bytes: int = 100_000  # serialized JSON size of one returned value
@@ -1447,7 +1447,7 @@ class Sandbox:
             msg = f"wall-clock backstop: exceeded {self.limits.call_timeout_s:g}s (worker killed {where})"
         elif rc == -signal.SIGXCPU:
             code = "timeout"
-            msg = f"CPU limit of {self.limits.cpu_seconds:g}s per batch exceeded {where}"
+            msg = f"CPU limit of {self.limits.cpu_seconds:g}s exceeded {where} (RLIMIT_CPU backstop)"
         else:
             code = "crash"
             msg = f"worker died ({_signal_name(rc)}) {where}"
@@ -1870,7 +1870,7 @@ class _WorkerRuntime:
             resource.RLIMIT_FSIZE: (0, 0),  # no file can grow (writes fail with EFBIG)
             resource.RLIMIT_NOFILE: (max(self.req_fd, self.resp_fd, 2) + 1,) * 2,  # no new fds
             resource.RLIMIT_AS: (self.memory_mb * 1024 * 1024,) * 2,
-            resource.RLIMIT_CPU: (RLIM, RLIM),  # soft limit set per batch
+            resource.RLIMIT_CPU: (RLIM, RLIM),  # soft limit set per batch, renewed as calls complete
         }
         applied = {}
         for res, val in limits.items():
@@ -2063,6 +2063,12 @@ class _WorkerRuntime:
         self.decode_s = clock() - t_decode
         sharers: list[int] = []
         out: list[tuple[str, str, float]] = []
+        # Each checker (source) has ``cpu_s`` seconds of calls per batch: a slow one runs out of its own
+        # budget (its later calls are timeouts) instead of the batch's, whose exhaustion killed the worker
+        # and, on every re-run, the honest calls queued with it ("worker died repeatedly"). RLIMIT_CPU stays
+        # the backstop for a call that escapes its timer: renewed as completed calls add up.
+        spent = [0.0] * len(codes)
+        since = 0.0
         for j, (s, a) in enumerate(pairs):
             progress(self.shm, 0, seq, j, mono())
             code = codes[s]
@@ -2070,16 +2076,19 @@ class _WorkerRuntime:
                 out.append(("compile_error", code[:MAX_MESSAGE_CHARS], 0.0))
             elif args is None:
                 out.append(("exception", bad_args or "", 0.0))
+            elif spent[s] > cpu_s:
+                out.append(("timeout", f"this checker's calls used up their CPU budget of {cpu_s:g}s per batch", 0.0))
             elif share[s]:
                 sharers.append(j)
                 out.append(self._run_call(code[0], entry, args[a], None, timeout, max_bytes))
             else:
                 out.append(self._run_call(code[0], entry, private[a][1], private[a][0], timeout, max_bytes))
-            if out[-1][0] == "timeout":
-                # The timer stopped that call: the CPU it burnt was its own budget, not the batch's. Otherwise a
-                # checker that loops on every trajectory of a large batch exhausts the batch limit again on each
-                # re-run, and the honest calls queued with it end as "worker died repeatedly".
+            secs = out[-1][2]
+            spent[s] += secs
+            since += secs
+            if since > cpu_s / 4:
                 self._cpu_budget(cpu_s)
+                since = 0.0
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         # Tripwire: the shared arguments must pickle back to the very bytes they came from (the
         # plain pickler runs no code a checker defined and rejects objects it planted).  If a call
@@ -2102,8 +2111,10 @@ class _WorkerRuntime:
                         private[a] = self._private_copy(pristine[a], plain)
                     progress(self.shm, 0, seq, j, mono())
                     out[j] = self._run_call(codes[s][0], entry, private[a][1], private[a][0], timeout, max_bytes)
-                    if out[j][0] == "timeout":
+                    since += out[j][2]
+                    if since > cpu_s / 4:
                         self._cpu_budget(cpu_s)
+                        since = 0.0
                 signal.setitimer(signal.ITIMER_REAL, 0, 0)
             self.decode_s += clock() - t_decode
         args = None
