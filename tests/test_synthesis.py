@@ -774,6 +774,9 @@ def test_a_slow_checker_fails_its_own_draft_only(outcomes):
         alone = [v.certify(planted(s)) for s in honest]
         together = v.certify_many([planted(slow)] + [planted(s) for s in honest])
     assert not together[0].certified and "checker_timeout" in codes(together[0]), together[0].diagnostics
+    # what it could not judge is not passed off as a flipped verdict or correct work failing
+    assert not codes(together[0]) & {"nondeterministic_checker", "overstrict_checker", "fault_fragile"}, together[0].diagnostics
+    assert "trajectory" in next(d.message for d in together[0].diagnostics if d.code == "checker_timeout")
     for a, b in zip(alone, together[1:]):
         assert b.certified and (b.diagnostics, b.mutants, b.confusion) == (a.diagnostics, a.mutants, a.confusion)
 

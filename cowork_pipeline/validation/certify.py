@@ -296,17 +296,18 @@ class Validator:
                                     item=flipped[0]))
         confusion = {op: {"applicable": 0, "killed": 0} for op in OPERATORS}
         for (label, traj, m), g in zip(runs[1:], grades[1:-1]):
+            failed = [i for i in g.failed_items() if i not in seen]  # (a checker that could not run is reported above)
             if label == "equivalent":
                 cert.equivalent_pass = g.passed
-                if not g.passed and cert.reference_pass:
-                    diags.append(Diagnostic("overstrict_checker", f"correct work done another way fails items {g.failed_items()} "
+                if failed and cert.reference_pass:
+                    diags.append(Diagnostic("overstrict_checker", f"correct work done another way fails items {failed} "
                                             f"({m.description.split(': ', 1)[-1]}): checkers must judge the outcome, not the reference's exact calls or strings",
-                                            item=g.failed_items()[0] if g.failed_items() else None))
+                                            item=failed[0]))
                 continue
             if label == "faulted_reference":
                 cert.fault_pass = g.passed
-                if not g.passed and cert.reference_pass:
-                    diags.append(Diagnostic("fault_fragile", f"the reference fails under a {self.fault_rate:.0%} fault rate: items {g.failed_items()}"))
+                if failed and cert.reference_pass:
+                    diags.append(Diagnostic("fault_fragile", f"the reference fails under a {self.fault_rate:.0%} fault rate: items {failed}"))
                 continue
             killed = not g.passed
             cert.mutants.append({"operator": label, "description": m.description, "killed": killed, "failed_items": g.failed_items()})
