@@ -664,6 +664,24 @@ def test_a_checker_timing_out_on_every_call_does_not_exhaust_the_batch_for_the_o
         assert_healthy(box)
 
 
+def test_a_checker_hanging_in_c_on_every_call_costs_two_workers_and_no_honest_call() -> None:
+    """``sum(range(10**12))`` cannot be interrupted by the call's timer: the parent kills the worker at the
+    wall-clock backstop. Twice is enough: that checker's other calls are settled without running, and every
+    honest call queued with them passes (each kill used to count against the honest calls re-run after it,
+    and after three they all ended "worker died repeatedly")."""
+    hang = check_src("return sum(range(10**12))")
+    with Sandbox(workers=1, limits=SandboxLimits(cpu_seconds=5.0, call_timeout_s=0.2)) as box:
+        calls = [c for i in range(8) for c in (("hang", {"i": i}), ("good", {"xs": list(range(i))}))]
+        t0 = time.monotonic()
+        results = box.evaluate({"hang": hang, "good": GOOD}, calls)
+        assert all(r.ok and r.value["n"] == i for i, r in enumerate(results[1::2])), [r.error for r in results[1::2]]
+        hung = results[0::2]
+        assert all(r.error_code == "timeout" for r in hung), hung
+        assert ["not run" in (r.error or "") for r in hung] == [False, False] + [True] * 6, [r.error for r in hung]
+        assert time.monotonic() - t0 < 20  # two backstops, not eight
+        assert_healthy(box)
+
+
 def test_a_slow_checker_spends_its_own_budget_not_the_batch_s() -> None:
     """A checker that stays under its 3 s timeout but takes ~0.15 s on each of 24 trajectories (3.6 s each, far
     past the 1 s budget): once its calls have used their budget the rest of them are timeouts, and the

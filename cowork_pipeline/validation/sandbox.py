@@ -1246,6 +1246,7 @@ class Sandbox:
         lim = self.limits
         queue: deque[list[int]] = deque(self._chunks(pending))
         attempts: dict[int, int] = {}
+        kills: dict[int, tuple[int, str, str]] = {}  # source -> (workers its calls stopped in this request, last code, message)
         while queue or active:
             for slot, w in enumerate(self._workers):
                 if slot in active or not queue:
@@ -1280,12 +1281,12 @@ class Sandbox:
                         continue
                 elif w.eof:  # EOF only once the worker is gone and its output drained
                     del active[slot]
-                    self._salvage(w, job, "died", queue, attempts, results, call_src)
+                    self._salvage(w, job, "died", queue, attempts, results, call_src, kills)
                 elif time.monotonic() > self._deadline(w, job):
                     # Re-read: only kill when the same call is still overdue.
                     if time.monotonic() > self._deadline(w, job):
                         del active[slot]
-                        self._salvage(w, job, "deadline", queue, attempts, results, call_src)
+                        self._salvage(w, job, "deadline", queue, attempts, results, call_src, kills)
 
     def _start(self, w: _Worker, ids: list[int], src_texts: list[str], args: list[object],
                bundles: dict[tuple[int, ...], tuple[bytes, bool]], call_src: list[int], call_arg: list[int], entry: str) -> _Job | None:
@@ -1427,8 +1428,13 @@ class Sandbox:
         if again:
             queue.appendleft(again)
 
-    def _salvage(self, w: _Worker, job: _Job, reason: str, queue: deque[list[int]], attempts: dict[int, int], results: list[CallResult | None], call_src: list[int]) -> None:
-        """Worker died or overran: blame the call it was running, re-run the rest."""
+    def _salvage(self, w: _Worker, job: _Job, reason: str, queue: deque[list[int]], attempts: dict[int, int],
+                 results: list[CallResult | None], call_src: list[int], kills: dict[int, tuple[int, str, str]]) -> None:
+        """Worker died or overran: blame the call it was running, re-run the rest. The rest are not at fault:
+        with a culprit found they are re-run as often as it takes (each death settles at least one call),
+        otherwise each re-run counts against them. A checker that stopped the worker twice in one request
+        has its other calls settled the same way without running them (a checker hanging in C on every
+        trajectory would otherwise cost a worker and a grace period per call)."""
         seq, idx, start = w.progress()
         now = time.monotonic()
         rc = w.kill()
@@ -1453,8 +1459,22 @@ class Sandbox:
             msg = f"worker died ({_signal_name(rc)}) {where}"
         for c in culprits:
             results[c] = CallResult(False, None, code, msg, max(0.0, now - start) if start else 0.0)
-        rest = [c for c in job.calls if c not in set(culprits)]
-        if rest:
+        blamed = set(culprits)
+        for src in {call_src[c] for c in culprits}:
+            kills[src] = (kills.get(src, (0, "", ""))[0] + 1, code, msg)
+        rest = []
+        for c in job.calls:
+            if c in blamed:
+                continue
+            n, last_code, last_msg = kills.get(call_src[c], (0, "", ""))
+            if n >= 2:
+                results[c] = CallResult(False, None, last_code,
+                                        f"not run: this checker stopped the worker twice in this batch (last: {last_msg})"[:MAX_MESSAGE_CHARS], 0.0)
+            else:
+                rest.append(c)
+        if rest and culprits:
+            queue.appendleft(rest)
+        elif rest:
             self._requeue(rest, queue, attempts, results, msg)
 
 
