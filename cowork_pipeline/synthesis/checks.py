@@ -262,8 +262,9 @@ def _excludes_test(text: str, p: dict[str, Any]) -> str:
     ``ids``, no identifier of the right one's shape but the right one (a typo: INV-4158)."""
     names = _excluded(p.get("excludes"))
     out = [f"    if _mentions({text}, {names!r}.split('|')):\n        continue"] if names else []
-    if _ids_cond(text, p):
-        out.append(f"    if {_ids_cond(text, p)}:\n        continue")
+    stray = _ids_cond(text, p)
+    if stray:
+        out.append(f"    if {stray}:\n        continue")
     return "\n".join(out)
 
 
@@ -473,10 +474,16 @@ for e in calls:
 return True"""
 
 
-def figure_form(s: str) -> str:
-    """A marker as ``_figures`` writes text: lower case, single spaces, 43 percent / 43 per cent / 43 % as 43%."""
-    t = " ".join(str(s).lower().replace(",", " ").split())
-    return t.replace("per cent", "%").replace("percent", "%").replace(" %", "%")
+def _prelude_function(name: str) -> Any:
+    """A helper of the checkers' prelude, as a function here: what is generated and what the checker reads
+    are normalised by one text."""
+    scope: dict[str, Any] = {}
+    exec(compile(_prelude_for(name + "("), f"<prelude {name}>", "exec"), scope)  # noqa: S102 - our own constant source
+    return scope[name]
+
+
+# A marker as the leak check reads text: lower case, single spaces, 43 percent / 43 per cent / 43 % as 43%.
+figure_form = _prelude_function("_figures")
 
 
 def _no_confidential_leak(p: dict[str, Any], strict: bool) -> str:
