@@ -72,6 +72,11 @@ def _emails(env: EnvironmentSpec) -> list[str]:
     return sorted(out)
 
 
+def _my_email(env: EnvironmentSpec) -> str:
+    """The user's own address (the agent acts as them); its domain is the organisation's."""
+    return str(env.world.get("_meta", {}).get("profile", {}).get("email", ""))
+
+
 def _collection_of(env: EnvironmentSpec, rid: str) -> str | None:
     for coll, recs in env.world.items():
         if rid in recs:
@@ -335,7 +340,7 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
                       meta={"turn": ti, "step": si})
 
     emails = _emails(env)
-    me = str(env.world.get("_meta", {}).get("profile", {}).get("email", ""))
+    me = _my_email(env)
     home = me.rsplit("@", 1)[-1]
     per_site: list[list[Mutant]] = []
     for ti, si, s in effectful:
@@ -499,7 +504,7 @@ MAIL_OUT = ("mail_send", "mail_reply", "mail_forward")
 def _outside_message(env: EnvironmentSpec, base: list[list[Step]], traj: Trajectory) -> tuple[int, int, str] | None:
     """(turn, step, an outside recipient) of the reference's first email that leaves the organisation
     (a reply's recipients are in what the call returned: the audit log)."""
-    home = str(env.world.get("_meta", {}).get("profile", {}).get("email", "")).rsplit("@", 1)[-1]
+    home = _my_email(env).rsplit("@", 1)[-1]
     sent = [e for e in traj.audit if e["actor"] == "agent" and e["ok"] and e["tool"] in MAIL_OUT]
     for ti, t in enumerate(base):
         for si, s in enumerate(t):
