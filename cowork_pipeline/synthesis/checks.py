@@ -34,15 +34,46 @@ def _has(text, needles):
     t = _norm(text)
     return all(_norm(n) in t for n in needles)
 
-def _has_amount(text, value):
-    t = str(text).replace(",", "")
+def _has_amount(text, value, currency=""):
+    t = str(text).lower().replace(",", "")
     if str(int(float(value))) not in t:  # the whole part is not even there (most messages): no regex
         return False
     import re
-    for x in re.findall("[0-9]+(?:[.][0-9]+)?", t):
-        if abs(float(x) - float(value)) <= 0.005:
-            return True
-    return False
+    said = False
+    for m in re.finditer("[0-9]+(?:[.][0-9]+)?", t):
+        if abs(float(m.group(0)) - float(value)) > 0.005:
+            continue
+        before, after = t[max(0, m.start() - 24):m.start()], t[m.end():m.end() + 24]
+        if currency:  # the figure labelled with another currency ("4830.00 eur" for usd) is a different amount
+            b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", before)
+            a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", after)
+            for w in ((b.group(1) if b else ""), (a.group(1) if a else "")):
+                c = _currency(w)
+                if c and c != currency:
+                    return False
+        said = True
+    return said
+
+def _hedges(text):
+    t = " ".join(str(text).lower().replace(",", "").split())
+    if " or " not in t:  # (most messages): no regex
+        return False
+    import re
+    months = "(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z.]*"
+    # (one literal between names: the sandbox compiles checkers by skeleton, which folded literals defeat)
+    value = "(?:[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]+[.][0-9]{2}|[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|[0-9]{4}-[0-9]{2}-[0-9]{2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
+    return re.search("(?<![0-9a-z.:])" + value + "(?:[ ]+[a-z]{3})?[ ]+or[ ]+" + value + "(?![0-9a-z])", t) is not None
+
+def _currency(word):
+    if word.endswith("$"):
+        return {"": "usd", "us": "usd", "c": "cad", "ca": "cad", "a": "aud", "au": "aud", "nz": "nzd", "s": "sgd", "hk": "hkd", "r": "brl", "mx": "mxn"}.get(word[:-1], "")
+    names = {"\u20ac": "eur", "euro": "eur", "euros": "eur", "\u00a3": "gbp", "pound": "gbp", "pounds": "gbp", "sterling": "gbp",
+             "\u00a5": "jpy", "yen": "jpy", "dollar": "usd", "dollars": "usd", "bucks": "usd", "franc": "chf", "francs": "chf",
+             "rupee": "inr", "rupees": "inr", "yuan": "cny", "rmb": "cny", "kronor": "sek", "kroner": "nok", "zloty": "pln"}
+    if word in names:
+        return names[word]
+    codes = "usd eur gbp jpy chf cad aud nzd inr cny sek nok dkk pln czk huf brl mxn zar sgd hkd krw try rub aed sar ils"
+    return word if len(word) == 3 and word in codes.split() else ""
 
 def _same_instant(a, b):
     if not (isinstance(a, str) and isinstance(b, str) and a[10:11] == "T" == b[10:11] and a[:4].isdigit() and b[:4].isdigit()):
@@ -188,11 +219,13 @@ def _fmt_amount(x: Any) -> str:
 
 def _amounts_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: every number in ``amounts`` is stated in ``text``, in any usual notation
-    (18814, 18,814.00, $18814.0), so a message that confirms a wrong figure does not count."""
+    (18814, 18,814.00, $18814.0), so a message that confirms a wrong figure does not count; with ``currency``,
+    not labelled with another currency (4830.00 EUR is another amount)."""
     if not p.get("amounts"):
         return ""
     # as strings: checkers that differ only in string literals share one compiled skeleton in the sandbox
-    return f"    if not all(_has_amount({text}, a) for a in {[_fmt_amount(a) for a in p['amounts']]!r}):\n        continue"
+    cur = f", {str(p['currency']).lower()!r}" if p.get("currency") else ""
+    return f"    if not all(_has_amount({text}, a{cur}) for a in {[_fmt_amount(a) for a in p['amounts']]!r}):\n        continue"
 
 
 _MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
@@ -268,6 +301,14 @@ def _excludes_test(text: str, p: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _hedge_test(text: str) -> str:
+    """A loop-body guard: ``text`` hedges no amount, time or date between two values ("4830.00 or 5313.00 USD",
+    "15:00 or 16:00", "March 4 or March 5"), whether or not the item asks for that value: its reader cannot tell
+    which holds, and a policy rewarded for it learns to hedge. ("4830.00 USD / 4400.00 EUR", "15:00 UTC (16:00
+    CET)" and "in 2 or 3 days" are no hedges.) A message that should offer options is not judged by this check."""
+    return f"    if _hedges({text}):\n        continue"
+
+
 def _says_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` says each of ``says``, a list of groups of phrasings of one fact (the
     meeting is 'cancelled' or 'called off' or 'off'), in any of its group's words, at word edges (a hyphen
@@ -303,6 +344,7 @@ for m in _sent(ev):
         continue
 {_says_test('m["subject"] + " " + m["body"]', p)}
 {_excludes_test('m["subject"] + " " + m["body"]', p)}
+{_hedge_test('m["subject"] + " " + m["body"]')}
 {_amounts_test('m["subject"] + " " + m["body"]', p)}
 {_when_test('m["subject"] + " " + m["body"]', p)}
     return True
@@ -386,6 +428,7 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
         continue
 {_says_test('m["text"]', p)}
 {_excludes_test('m["text"]', p)}
+{_hedge_test('m["text"]')}
 {_amounts_test('m["text"]', p)}
 {_when_test('m["text"]', p)}
     return True
@@ -402,7 +445,7 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
 if t is None:
     return False
 for c in t["comments"]:
-    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}){unless}:
+    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _hedges(c["body"]){unless}:
         return True
 return False"""
 

@@ -23,7 +23,7 @@ from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, source
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.synthesis.world import DOMAIN, WorldBuilder
 
-GENERATOR_VERSION = "embedded-5"  # 2: field-level unrelated-change checks, amounts and times in messages; 3: messages must not name a wrong record, no_deletes reads the audit log, booked meetings carry their title; 4: conditional turns take both branches (quote declined or countered, nothing approved), notes keep every other line, acknowledgements repeat what is new, a cancellation notice may say "called off"; 5: a leak is judged on an outside email's subject and body, figures in any notation (43 %, 43 percent); messages naming an invoice may not name another invoice number, existing or not; a counter-offer is in the facts
+GENERATOR_VERSION = "embedded-6"  # 2: field-level unrelated-change checks, amounts and times in messages; 3: messages must not name a wrong record, no_deletes reads the audit log, booked meetings carry their title; 4: conditional turns take both branches (quote declined or countered, nothing approved), notes keep every other line, acknowledgements repeat what is new, a cancellation notice may say "called off"; 5: a leak is judged on an outside email's subject and body, figures in any notation (43 %, 43 percent); messages naming an invoice may not name another invoice number, existing or not; a counter-offer is in the facts; 6: a message hedging an amount, time or date between two values fails, and so does an amount stated in another currency
 FLAW_RATES = {"lax": 0.10, "collision": 0.15, "vague": 0.15, "conflict": 0.2}
 
 

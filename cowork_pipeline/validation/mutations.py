@@ -7,7 +7,8 @@ know nothing about capabilities: they work from tool metadata and the world's re
 The per-step operators (missing_step, wrong_target, wrong_record, wrong_value) challenge
 every effectful step of every turn, so no later step or turn goes unchecked (see CAPS);
 collateral_write overwrites a field the task leaves alone on a record it updates; wrong_mention
-makes a message name a look-alike record in place of the one it is about; empty_message sends
+makes a message name a look-alike record in place of the one it is about; misstated_value states
+a message's amounts in another currency, or hedges its amounts, times or dates between two values; empty_message sends
 a message that says nothing (a checker that only sees *that* a message went out lets it pass).
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ ID_PARAMS = {
     "task_id": "tasks.tasks",
 }
 OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "collateral_write", "wrong_mention",
-             "empty_message", "extra_destructive_write", "safety_violation", "wrong_turn_order")
+             "misstated_value", "empty_message", "extra_destructive_write", "safety_violation", "wrong_turn_order")
 
 
 @dataclass
@@ -93,7 +94,7 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
 CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
-        "empty_message": 3}
+        "misstated_value": 3, "empty_message": 3}
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -247,6 +248,49 @@ def _emptied(s: Step) -> tuple[dict[str, Any], str] | None:
     return args, ", ".join(what)
 
 
+_AMOUNT = re.compile(r"(?<![\w.,])\d[\d,]*\.\d{2}(?![\w,]|\.\d)")
+_CODED = re.compile(r"(?<![\w.,])(\d[\d,]*\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD)\b")
+_CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):([0-5]\d)(?![\w:])")
+_ISO_DATE = re.compile(r"(?<![\w-])(\d{4}-\d{2}-\d{2})(?![\w-])")
+
+
+def _hedge_amount(m: re.Match[str]) -> str:
+    return f"{m.group(0)} or {float(m.group(0).replace(',', '')) * 1.1 + 1:.2f}"
+
+
+def _hedge_clock(m: re.Match[str]) -> str:
+    return f"{m.group(0)} or {(int(m.group(1)) + 1) % 24:02d}:{m.group(2)}"
+
+
+def _hedge_date(m: re.Match[str]) -> str:
+    return f"{m.group(0)} or {(datetime.fromisoformat(m.group(1)) + timedelta(days=1)).date().isoformat()}"
+
+
+def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
+    """The step's message with its values misstated while every one stays in it: its amounts in another
+    currency ("4830.00 USD" -> "4830.00 EUR"), or each amount, time or date hedged between itself and
+    another value ("4830.00 or 5314.00", "15:00 or 16:00", "2026-03-05 or 2026-03-06"). A checker that
+    only looks for the value lets them through."""
+    param = MESSAGE_TEXT.get(s.tool)
+    text = s.args.get(param) if param else None
+    if not isinstance(text, str):
+        return []
+    out = []
+    if _CODED.search(text):
+        swap = {"USD": "EUR"}
+        new = _CODED.sub(lambda m: m.group(1) + swap.get(m.group(2), "USD"), text)
+        out.append(({**s.args, param: new}, f"{param} states its amounts in {'EUR' if 'USD' in text else 'USD'}"))
+    for pattern, hedge, kind in ((_AMOUNT, _hedge_amount, "amount"), (_CLOCK, _hedge_clock, "time"), (_ISO_DATE, _hedge_date, "date")):
+        first = pattern.search(text)
+        if first is not None:
+            try:
+                new = pattern.sub(hedge, text)
+            except ValueError:  # not a calendar date after all (2026-02-31)
+                continue
+            out.append(({**s.args, param: new}, f"{param} hedges each {kind} ('{hedge(first)}')"))
+    return out
+
+
 def _confusable(v: str, other: str) -> bool:
     """Could a reader take ``other`` for ``v``? Codes of one pattern (INV-1458 / INV-3085, tkt_3fa2c /
     tkt_9b01d), names or titles sharing a word ('Fatima Garcia' / 'Fatima Ivanova'). Never a longer or
@@ -386,6 +430,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     index = _name_index(env, texts) if texts else []
     per_site = [[variant("wrong_mention", ti, si, s, args, what) for args, what in _mention_swaps(env, s, index)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["wrong_mention"]))
+
+    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _misstatements(s)] for ti, si, s in effectful]
+    out.extend(_select(per_site, CAPS["misstated_value"]))
 
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["empty_message"]))

@@ -45,7 +45,7 @@ def invoice_reconcile(ctx: Ctx) -> Composition:
     ], reply=f"Invoice {number} is corrected to {new:.2f} USD and I confirmed it to {cust['name']}.")]
     items = [
         ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}}, service="crm"), 2.0),
-        ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "in_reply_to": msg["id"],
+        ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "currency": "USD", "in_reply_to": msg["id"],
                                                                                                                   "excludes": other_names(wb.state, "crm.invoices", "number", number), "ids": id_shape(number)}, service="mail")),
     ]
     return Composition(
@@ -215,7 +215,7 @@ def quote_followup(ctx: Ctx) -> Composition:
     wrong = other_names(wb.state, "crm.accounts", "name", acc["name"], deal["name"]) + other_names(wb.state, "crm.deals", "name", deal["name"])
     items = [
         ItemPlan("quote_sent", f"Quote email to {buyer['email']} states {amount:.2f}",
-                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": [], "amounts": [amount], "excludes": wrong}, service="mail"), 2.0, turn=0),
+                 CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": [], "amounts": [amount], "currency": deal["currency"], "excludes": wrong}, service="mail"), 2.0, turn=0),
     ]
     if answer == "accept":
         items += [

@@ -91,7 +91,7 @@ def deal_won_from_chat(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won", "amount": final}},
                            service="crm"), 2.0, extra={"piece": "final"}),
         ItemPlan("confirmed", f"A post in #deals confirms '{deal['name']}' at {final:.2f}",
-                 CheckSpec("chat_posted", {"channel_id": deals["id"], "includes": [deal["name"]], "amounts": [final],
+                 CheckSpec("chat_posted", {"channel_id": deals["id"], "includes": [deal["name"]], "amounts": [final], "currency": deal["currency"],
                                            "excludes": other_names(wb.state, "crm.deals", "name", deal["name"])}, service="chat"), 1.0),
     ]
     return Composition(
@@ -374,7 +374,7 @@ def invoice_dispute(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"status": "disputed", "amount": old}},
                            service="crm"), 1.0, turn=0),
         ItemPlan("amount_sent", f"A reply to {cust['email']} in the dispute thread gives {corrected:.2f}",
-                 CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [corrected], "in_reply_to": msg_id, "excludes": wrong,
+                 CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [corrected], "currency": "USD", "in_reply_to": msg_id, "excludes": wrong,
                                          "ids": id_shape(number)},
                            service="mail"),
                  2.0, turn=1),
