@@ -43,14 +43,15 @@ def _has_amount(text, value, currency=""):
     for m in re.finditer("[0-9]+(?:[.][0-9]+)?", t):
         if abs(float(m.group(0)) - float(value)) > 0.005:
             continue
-        before, after = t[max(0, m.start() - 24):m.start()], t[m.end():m.end() + 24]
-        if currency:  # the figure labelled with another currency ("4830.00 eur" for usd) is a different amount
-            b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", before)
-            a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", after)
-            for w in ((b.group(1) if b else ""), (a.group(1) if a else "")):
-                c = _currency(w)
-                if c and c != currency:
-                    return False
+        if not currency:
+            return True
+        # the figure labelled with another currency ("4830.00 eur" for usd) is a different amount
+        b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", t[max(0, m.start() - 24):m.start()])
+        a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", t[m.end():m.end() + 24])
+        for w in ((b.group(1) if b else ""), (a.group(1) if a else "")):
+            c = _currency(w)
+            if c and c != currency:
+                return False
         said = True
     return said
 
@@ -305,7 +306,8 @@ def _hedge_test(text: str) -> str:
     """A loop-body guard: ``text`` hedges no amount, time or date between two values ("4830.00 or 5313.00 USD",
     "15:00 or 16:00", "March 4 or March 5"), whether or not the item asks for that value: its reader cannot tell
     which holds, and a policy rewarded for it learns to hedge. ("4830.00 USD / 4400.00 EUR", "15:00 UTC (16:00
-    CET)" and "in 2 or 3 days" are no hedges.) A message that should offer options is not judged by this check."""
+    CET)" and "in 2 or 3 days" are no hedges.) No capability asks for a message offering options; one that does
+    needs a check of its own."""
     return f"    if _hedges({text}):\n        continue"
 
 
