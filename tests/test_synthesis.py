@@ -287,6 +287,37 @@ def test_a_message_hedging_a_time_or_date_fails_even_where_it_need_not_state_one
     assert not _run_check(notice, post("Design critique on 2026-03-04 or 2026-03-05 is cancelled."))
 
 
+def test_a_weekday_that_contradicts_its_date_fails():
+    """Any message check: a weekday beside a date must be that date's ("Friday 2026-03-05" is a Thursday's
+    date); with ``when`` also in words ("Friday, March 5th"). A weekday elsewhere in the text is not judged."""
+    when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "15:00"}}))
+    for text in ("Design critique moves to Thursday 2026-03-05 at 15:00.", "Design critique: Thursday, March 5th at 3pm",
+                 "Design critique: 2026-03-05 (Thu.) 15:00", "Design critique: see you Monday. 2026-03-05 at 15:00 it is"):
+        assert _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique moves to Friday 2026-03-05 at 15:00.", "Design critique: Friday, March 5th at 3pm",
+                 "Design critique: 2026-03-05 (Fri) 15:00", "Design critique: Thu the 5th of March at 3pm, or Sat 2026-03-05"):
+        assert not _run_check(when, _sent_evidence("Moved", text)), text
+    notice = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"]}))
+    assert _run_check(notice, _sent_evidence("Off", "Design critique on Wednesday 2026-03-04 is cancelled."))
+    assert not _run_check(notice, _sent_evidence("Off", "Design critique on Thursday 2026-03-04 is cancelled."))
+    assert _run_check(notice, _sent_evidence("Off", "Design critique on Friday, March 5th is cancelled."))  # no year to judge it by
+
+
+def test_an_update_must_drop_the_line_it_replaces():
+    """``drops``: notes that state the decision and then still say "Decisions: none yet." contradict themselves;
+    the old line above the decision, kept as history, does not."""
+    code = source(CheckSpec("doc_contains", {"id": "doc_1", "includes": ["adopt vendor B"], "keep": ["Open question: vendor."],
+                                             "drops": ["Decisions: none yet."]}))
+
+    def doc(content: str) -> dict[str, Any]:
+        return {"final": {"docs.documents": {"doc_1": {"id": "doc_1", "content": content}}}, "diff": {}, "audit": [], "replies": []}
+
+    assert _run_check(code, doc("Open question: vendor.\nDecisions: we adopt vendor B (agreed by email)."))
+    assert not _run_check(code, doc("Open question: vendor.\nDecisions: we adopt vendor B.\nDecisions: none yet."))
+    assert not _run_check(code, doc("Open question: vendor.\nWe adopt vendor B. Decisions: none yet."))
+    assert _run_check(code, doc("Open question: vendor.\nDecisions: none yet.\nUpdate: we adopt vendor B."))
+
+
 def _leak_check(markers: list[str]) -> str:
     return source(CheckSpec("no_confidential_leak", {"doc_ids": ["doc_1"], "markers": markers, "internal_domain": "ourco.example"}))
 
@@ -1839,6 +1870,32 @@ def op_hedged_time_or_date(spec, turns, ref):
                 yield f"{turns[ti][si][0]}.{k}: {x.group(0)} or {other(x)}", _program(spec, m)
 
 
+_WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+def op_weekday_wrong(spec, turns, ref):
+    """The first weekday in a message replaced by the next one, its date unchanged ("Friday 2026-03-05" for a Thursday)."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        day = next((d for d in _WEEKDAYS if d in text), None)
+        if day:
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = text.replace(day, _WEEKDAYS[(_WEEKDAYS.index(day) + 1) % 7], 1)
+            yield f"{turns[ti][si][0]}.{k}: {day} -> {_WEEKDAYS[(_WEEKDAYS.index(day) + 1) % 7]}", _program(spec, m)
+
+
+def op_replaced_line_kept(spec, turns, ref):
+    """A document rewritten with its new text, plus the first line the rewrite replaced ("Decisions: none yet.")."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "docs_update" and isinstance(args.get("content"), str):
+            old = str(spec.world["docs.documents"][args["doc_id"]].get("content", ""))
+            gone = [line for line in old.splitlines() if line.strip() and line not in args["content"]]
+            if gone:
+                m = copy.deepcopy(turns)
+                m[ti][si][1]["content"] = args["content"] + "\n" + gone[0]
+                yield f"docs_update keeps {gone[0][:50]!r}", _program(spec, m)
+
+
 CREATES = ("tasks_create", "calendar_create_event", "helpdesk_create_ticket", "docs_create", "crm_create_contact")
 
 
@@ -1950,7 +2007,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "polite_but_empty": op_polite_but_empty, "stale_value_after_an_edit": op_stale_value_after_an_edit,
              "secret_figure_in_words": op_secret_figure_in_words, "identifier_typo": op_identifier_typo,
              "currency_swapped": op_currency_swapped, "hedged_amount": op_hedged_amount,
-             "hedged_time_or_date": op_hedged_time_or_date, "created_twice": op_created_twice,
+             "hedged_time_or_date": op_hedged_time_or_date, "weekday_wrong": op_weekday_wrong,
+             "replaced_line_kept": op_replaced_line_kept, "created_twice": op_created_twice,
              "choice_swapped": op_choice_swapped, "year_off": op_year_off, "mailed_to_myself": op_mailed_to_myself,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,

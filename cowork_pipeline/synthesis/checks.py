@@ -55,8 +55,7 @@ def _has_amount(text, value, currency=""):
         said = True
     return said
 
-def _hedges(text):
-    t = " ".join(str(text).lower().replace(",", "").split())
+def _hedges(t):
     if " or " not in t:  # (most messages): no regex
         return False
     import re
@@ -64,6 +63,38 @@ def _hedges(text):
     # (one literal between names: the sandbox compiles checkers by skeleton, which folded literals defeat)
     value = "(?:[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]+[.][0-9]{2}|[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|[0-9]{4}-[0-9]{2}-[0-9]{2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
     return re.search("(?<![0-9a-z.:])" + value + "(?:[ ]+[a-z]{3})?[ ]+or[ ]+" + value + "(?![0-9a-z])", t) is not None
+
+def _weekday_clash(t, year):
+    if (not year and "-" not in t) or not any(d in t for d in ("mon", "tue", "wed", "thu", "fri", "sat", "sun")):
+        return False  # no date a weekday could contradict, or no weekday (most messages): no regex
+    import re
+    from datetime import date
+    days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+    months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+    wd = "(?<![a-z])(mon|tue|wed|thu|fri|sat|sun)(?:day|sday|nesday|rsday|urday|(?:s|r|rs)?[.]?)(?![a-z])"  # (a dot ends an abbreviation, not a day's name)
+    iso = "([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])"
+    month = "(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*[.]?"
+    # a weekday next to a date, with the groups of weekday, year (0: ``year``), month and day: "thursday 2026-03-05",
+    # "2026-03-05 (thursday)", "thu march 5th", "thursday the 5th of march" (loops, not comprehensions: every
+    # nested code object adds to the cost of instantiating the checker in the sandbox)
+    found = [(wd + "[ ]+(?:the[ ]+)?" + iso, 1, 2, 3, 4), (iso + "[ ]*[(]?" + wd, 4, 1, 2, 3)]
+    if year:
+        found = found + [(wd + "[ ]+" + month + "[ ]+([0-9]{1,2})(?![0-9])", 1, 0, 2, 3),
+                         (wd + "[ ]+(?:the[ ]+)?([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + month, 1, 0, 3, 2)]
+    for pattern, w, y, mo, d in found:
+        for m in re.finditer(pattern, t):
+            mm = m.group(mo)
+            try:
+                when = date(int(m.group(y)) if y else int(year), int(mm) if mm.isdigit() else months.index(mm) + 1, int(m.group(d)))
+            except ValueError:
+                return True  # no such date (2026-02-30)
+            if days[when.weekday()] != m.group(w):
+                return True
+    return False
+
+def _misstates(text, year=""):
+    t = " ".join(str(text).lower().replace(",", "").split())
+    return _hedges(t) or _weekday_clash(t, year)
 
 def _currency(word):
     if word.endswith("$"):
@@ -302,13 +333,15 @@ def _excludes_test(text: str, p: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _hedge_test(text: str) -> str:
-    """A loop-body guard: ``text`` hedges no amount, time or date between two values ("4830.00 or 5313.00 USD",
-    "15:00 or 16:00", "March 4 or March 5"), whether or not the item asks for that value: its reader cannot tell
-    which holds, and a policy rewarded for it learns to hedge. ("4830.00 USD / 4400.00 EUR", "15:00 UTC (16:00
-    CET)" and "in 2 or 3 days" are no hedges.) No capability asks for a message offering options; one that does
-    needs a check of its own."""
-    return f"    if _hedges({text}):\n        continue"
+def _misstates_test(text: str, p: dict[str, Any]) -> str:
+    """A loop-body guard: ``text`` misstates no value it gives, whether or not the item asks for it. It hedges
+    no amount, time or date between two ("4830.00 or 5313.00 USD", "15:00 or 16:00", "March 4 or March 5"): its
+    reader cannot tell which holds, and a policy rewarded for it learns to hedge ("4830.00 USD / 4400.00 EUR",
+    "15:00 UTC (16:00 CET)" and "in 2 or 3 days" are no hedges; no capability asks for a message offering
+    options, one that does needs a check of its own). And no weekday contradicts the date beside it ("Friday
+    2026-03-05" for a Thursday; "Friday, March 5th" too when ``when`` gives the year)."""
+    year = (p.get("when") or {}).get("date", "")[:4]
+    return f"    if _misstates({text}{', ' + repr(year) if year else ''}):\n        continue"
 
 
 def _says_test(text: str, p: dict[str, Any]) -> str:
@@ -346,7 +379,7 @@ for m in _sent(ev):
         continue
 {_says_test('m["subject"] + " " + m["body"]', p)}
 {_excludes_test('m["subject"] + " " + m["body"]', p)}
-{_hedge_test('m["subject"] + " " + m["body"]')}
+{_misstates_test('m["subject"] + " " + m["body"]', p)}
 {_amounts_test('m["subject"] + " " + m["body"]', p)}
 {_when_test('m["subject"] + " " + m["body"]', p)}
     return True
@@ -430,7 +463,7 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
         continue
 {_says_test('m["text"]', p)}
 {_excludes_test('m["text"]', p)}
-{_hedge_test('m["text"]')}
+{_misstates_test('m["text"]', p)}
 {_amounts_test('m["text"]', p)}
 {_when_test('m["text"]', p)}
     return True
@@ -447,7 +480,7 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
 if t is None:
     return False
 for c in t["comments"]:
-    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _hedges(c["body"]){unless}:
+    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _misstates(c["body"]){unless}:
         return True
 return False"""
 
@@ -593,14 +626,19 @@ return True"""
 
 # ---- record-content and per-turn checks (office composers) ------------------------------
 def _doc_contains(p: dict[str, Any], strict: bool) -> str:
-    """A record's text field contains every needle (and, with ``keep``, still contains these)."""
+    """A record's text field contains every needle (and, with ``keep``, still contains these; with ``drops``,
+    says none of these after the first needle: the line an update replaces may stay above the new text, as
+    history, but below it the notes would contradict themselves, "Decisions: none yet." after the decision)."""
     coll, rid, fld = p.get("collection", "docs.documents"), p["id"], p.get("field", "content")
     if not strict:
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
+    drops = _excluded(p.get("drops")) if p.get("includes") else ""
+    unless = (f" and not _mentions(_norm(rec.get({fld!r}, '')).split(_norm({p['includes'][0]!r}), 1)[-1], {drops!r}.split('|'))"
+              if drops else "")
     return f"""rec = _coll(ev, {coll!r}).get({rid!r})
 if rec is None:
     return False
-return _has(rec.get({fld!r}, ""), {list(p.get('includes', [])) + list(p.get('keep', []))!r})"""
+return _has(rec.get({fld!r}, ""), {list(p.get('includes', [])) + list(p.get('keep', []))!r}){unless}"""
 
 
 def _write_in_turn(p: dict[str, Any], strict: bool) -> str:

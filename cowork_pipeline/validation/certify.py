@@ -27,7 +27,7 @@ from cowork_pipeline.validation.mutations import OPERATORS, Mutant, equivalent, 
 
 CHECKER_ERRORS = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
                   "memory": "checker_memory"}
-VALIDATOR_VERSION = "certify-6"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported; 6: misstated_value mutants (amounts in another currency; amounts, times or dates hedged between two values)
+VALIDATOR_VERSION = "certify-6"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported; 6: misstated_value mutants (amounts in another currency; amounts, times or dates hedged between two values; a weekday that contradicts its date)
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
 _NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
 

@@ -8,7 +8,8 @@ The per-step operators (missing_step, wrong_target, wrong_record, wrong_value) c
 every effectful step of every turn, so no later step or turn goes unchecked (see CAPS);
 collateral_write overwrites a field the task leaves alone on a record it updates; wrong_mention
 makes a message name a look-alike record in place of the one it is about; misstated_value states
-a message's amounts in another currency, or hedges its amounts, times or dates between two values; empty_message sends
+a message's amounts in another currency, hedges its amounts, times and dates between two values, or gives
+the wrong weekday for a date; empty_message sends
 a message that says nothing (a checker that only sees *that* a message went out lets it pass).
 """
 from __future__ import annotations
@@ -266,11 +267,15 @@ def _hedge_date(m: re.Match[str]) -> str:
     return f"{m.group(0)} or {(datetime.fromisoformat(m.group(1)) + timedelta(days=1)).date().isoformat()}"
 
 
+_WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_DATED_WEEKDAY = re.compile(r"\b(%s)(,? (?:the )?\d{4}-\d{2}-\d{2})\b" % "|".join(_WEEKDAYS))
+
+
 def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
-    currency ("4830.00 USD" -> "4830.00 EUR"), or each amount, time or date hedged between itself and
-    another value ("4830.00 or 5314.00", "15:00 or 16:00", "2026-03-05 or 2026-03-06"). A checker that
-    only looks for the value lets them through."""
+    currency ("4830.00 USD" -> "4830.00 EUR"); each amount, time and date hedged between itself and another
+    value ("4830.00 or 5314.00", "15:00 or 16:00", "2026-03-05 or 2026-03-06"); the weekday beside a date
+    the next one ("Friday 2026-03-05" for a Thursday). A checker that only looks for the value lets them through."""
     param = MESSAGE_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
     if not isinstance(text, str):
@@ -280,14 +285,21 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
         swap = {"USD": "EUR"}
         new = _CODED.sub(lambda m: m.group(1) + swap.get(m.group(2), "USD"), text)
         out.append(({**s.args, param: new}, f"{param} states its amounts in {'EUR' if 'USD' in text else 'USD'}"))
+    hedged, kinds, sample = text, [], ""
     for pattern, hedge, kind in ((_AMOUNT, _hedge_amount, "amount"), (_CLOCK, _hedge_clock, "time"), (_ISO_DATE, _hedge_date, "date")):
-        first = pattern.search(text)
-        if first is not None:
-            try:
-                new = pattern.sub(hedge, text)
-            except ValueError:  # not a calendar date after all (2026-02-31)
-                continue
-            out.append(({**s.args, param: new}, f"{param} hedges each {kind} ('{hedge(first)}')"))
+        first = pattern.search(hedged)
+        if first is None:
+            continue
+        try:
+            hedged, sample = pattern.sub(hedge, hedged), sample or hedge(first)
+        except ValueError:  # not a calendar date after all (2026-02-31)
+            continue
+        kinds.append(kind)
+    if kinds:
+        out.append(({**s.args, param: hedged}, f"{param} hedges each {', '.join(kinds)} ('{sample}')"))
+    if _DATED_WEEKDAY.search(text):
+        new = _DATED_WEEKDAY.sub(lambda m: _WEEKDAYS[(_WEEKDAYS.index(m.group(1)) + 1) % 7] + m.group(2), text)
+        out.append(({**s.args, param: new}, f"{param} gives the wrong weekday for its date ('{_DATED_WEEKDAY.search(new).group(0)}')"))
     return out
 
 

@@ -415,10 +415,12 @@ def doc_update_from_thread(ctx: Ctx) -> Composition:
         Step(tool="docs_update", args={"doc_id": V("d"), "content": new}),
     ], reply=f"Added the decision to '{title}': we {decision}.")]
     items = [
-        # "Keep the rest of the notes as they are": every other line of the notes, word for word
-        ItemPlan("decision_recorded", f"'{title}' states the decision ({decision}) and keeps the rest of the notes",
+        # "Keep the rest of the notes as they are": every other line of the notes, word for word; the line the
+        # decision replaces is gone (notes saying "Decisions: none yet." below the decision contradict themselves)
+        ItemPlan("decision_recorded", f"'{title}' states the decision ({decision}), no longer says there is none, and keeps the rest of the notes",
                  CheckSpec("doc_contains", {"collection": "docs.documents", "id": doc["id"], "field": "content", "includes": [decision],
-                                            "keep": [line for line in base.splitlines() if not line.startswith("Decisions:")]},
+                                            "keep": [line for line in base.splitlines() if not line.startswith("Decisions:")],
+                                            "drops": ["Decisions: none yet."]},
                            service="docs"), 2.0),
     ]
     return Composition(
