@@ -249,8 +249,8 @@ def _emptied(s: Step) -> tuple[dict[str, Any], str] | None:
     return args, ", ".join(what)
 
 
-_AMOUNT = re.compile(r"(?<![\w.,])\d[\d,]*\.\d{2}(?![\w,]|\.\d)")
-_CODED = re.compile(r"(?<![\w.,])(\d[\d,]*\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD)\b")
+_MONEY = re.compile(r"(?<![\w.,])(\d+)\.(\d{2})(?![\w.,]|\.\d)")
+_CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD)\b")
 _CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):([0-5]\d)(?![\w:])")
 _ISO_DATE = re.compile(r"(?<![\w-])(\d{4}-\d{2}-\d{2})(?![\w-])")
 
@@ -286,7 +286,7 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
         new = _CODED.sub(lambda m: m.group(1) + swap.get(m.group(2), "USD"), text)
         out.append(({**s.args, param: new}, f"{param} states its amounts in {'EUR' if 'USD' in text else 'USD'}"))
     hedged, kinds, sample = text, [], ""
-    for pattern, hedge, kind in ((_AMOUNT, _hedge_amount, "amount"), (_CLOCK, _hedge_clock, "time"), (_ISO_DATE, _hedge_date, "date")):
+    for pattern, hedge, kind in ((_MONEY, _hedge_amount, "amount"), (_CLOCK, _hedge_clock, "time"), (_ISO_DATE, _hedge_date, "date")):
         first = pattern.search(hedged)
         if first is None:
             continue
@@ -464,9 +464,6 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
         out.append(Mutant("wrong_turn_order", f"do turn {i + 1}'s work in turn {i}, before the world changed",
                           _program(env, turns), REGISTRY[work.tool].service, work.tool))
     return out
-
-
-_MONEY = re.compile(r"(?<![\w.,])(\d+)\.(\d{2})(?![\w.,]|\.\d)")
 
 
 def _other_offset(v: str) -> str:
