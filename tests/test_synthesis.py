@@ -318,6 +318,19 @@ def test_an_update_must_drop_the_line_it_replaces():
     assert _run_check(code, doc("Open question: vendor.\nDecisions: none yet.\nUpdate: we adopt vendor B."))
 
 
+def test_a_salutation_greets_the_recipients_only():
+    """``others``: an email (or a public comment) whose salutation names someone it is not for fails ("Hi
+    Priya," to Zoe); greeting the recipient, a namesake's shared first name, "all" or nobody passes."""
+    code = source(CheckSpec("mail_sent", {"to": ["zoe.rossi@acme.example"], "includes": ["INV-1234"], "others": "mateo|priya"}))
+    for body in ("Hi Zoe, INV-1234 is corrected.", "Hello all, INV-1234 is corrected.", "INV-1234 is corrected. Priya knows.",
+                 "Thanks, Zoe! INV-1234 is corrected.", "Dear Ms Rossi, INV-1234 is corrected.", "Hi Priyanka, INV-1234 is corrected."):
+        assert _run_check(code, _sent_evidence("Invoice", body, to="zoe.rossi@acme.example")), body
+    for body in ("Hi Priya, INV-1234 is corrected.", "Good morning Mateo! INV-1234 is corrected.", "Thank you, priya: INV-1234 is corrected."):
+        assert not _run_check(code, _sent_evidence("Invoice", body, to="zoe.rossi@acme.example")), body
+    rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent"}, "others": "priya"}))
+    assert _run_check(rec, _sent_evidence("Summary", "Hi Zoe, attached.")) and not _run_check(rec, _sent_evidence("Summary", "Hi Priya, attached."))
+
+
 def _leak_check(markers: list[str]) -> str:
     return source(CheckSpec("no_confidential_leak", {"doc_ids": ["doc_1"], "markers": markers, "internal_domain": "ourco.example"}))
 
@@ -1870,6 +1883,26 @@ def op_hedged_time_or_date(spec, turns, ref):
                 yield f"{turns[ti][si][0]}.{k}: {x.group(0)} or {other(x)}", _program(spec, m)
 
 
+def op_greets_someone_else(spec, turns, ref):
+    """An email or a public ticket comment opening with a greeting to a colleague it is not for ("Hi Priya," to Zoe)."""
+    me = _profile_email(spec)
+    people = sorted(p["name"] for p in spec.world.get("directory.people", {}).values() if p.get("email") != me)
+    for ti, si, k, text in _outgoing_texts(turns):
+        tool, args, res = turns[ti][si]
+        if tool not in MAIL_OUT and not (tool == "helpdesk_add_comment" and args.get("public", True)):
+            continue
+        if tool == "helpdesk_add_comment":
+            rcpt = [spec.world.get("helpdesk.tickets", {}).get(args["ticket_id"], {}).get("requester")]
+        else:
+            rcpt = list((res or {}).get("to") or []) if tool == "mail_reply" else list(args.get("to") or []) + list(args.get("cc") or [])
+        firsts = {p["name"].split()[0] for p in spec.world.get("directory.people", {}).values() if p.get("email") in rcpt}
+        other = next((n for n in people if n.split()[0] not in text and n.split()[0] not in firsts), None)
+        if other:
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = f"Hi {other.split()[0]},\n\n{text}"
+            yield f"{tool}.{k}: greets {other}", _program(spec, m)
+
+
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 
@@ -2008,7 +2041,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "secret_figure_in_words": op_secret_figure_in_words, "identifier_typo": op_identifier_typo,
              "currency_swapped": op_currency_swapped, "hedged_amount": op_hedged_amount,
              "hedged_time_or_date": op_hedged_time_or_date, "weekday_wrong": op_weekday_wrong,
-             "replaced_line_kept": op_replaced_line_kept, "created_twice": op_created_twice,
+             "replaced_line_kept": op_replaced_line_kept, "greets_someone_else": op_greets_someone_else, "created_twice": op_created_twice,
              "choice_swapped": op_choice_swapped, "year_off": op_year_off, "mailed_to_myself": op_mailed_to_myself,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,

@@ -96,6 +96,16 @@ def _misstates(text, year=""):
     t = " ".join(str(text).lower().replace(",", "").split())
     return _hedges(t) or _weekday_clash(t, year)
 
+def _greets(text, others):
+    words = " ".join(str(text).lower().replace(",", " ").split()).split(" ", 4)
+    if words[0] in ("hi", "hello", "hey", "dear", "thanks"):
+        name = words[1] if len(words) > 1 else ""
+    elif words[:2] in (["thank", "you"], ["good", "morning"], ["good", "afternoon"], ["good", "evening"]):
+        name = words[2] if len(words) > 2 else ""
+    else:
+        return False  # no salutation (most texts)
+    return name.strip("!.:;") in others.split("|")
+
 def _currency(word):
     if word.endswith("$"):
         return {"": "usd", "us": "usd", "c": "cad", "ca": "cad", "a": "aud", "au": "aud", "nz": "nzd", "s": "sgd", "hk": "hkd", "r": "brl", "mx": "mxn"}.get(word[:-1], "")
@@ -365,6 +375,9 @@ def _when_test(text: str, p: dict[str, Any]) -> str:
 
 
 def _mail_sent(p: dict[str, Any], strict: bool) -> str:
+    """A sent email to (at least) ``to`` that says what it must (``includes``, ``says``, ``amounts``, ``when``),
+    names no other record (``excludes``, ``ids``) and misstates nothing. With ``others`` ("|"-joined first names,
+    lower case, of the people it is not for), its salutation greets none of them ("Hi Priya," to Zoe)."""
     to, includes, reply_to, only = p.get("to", []), p.get("includes", []), p.get("in_reply_to"), p.get("only_to", False)
     if not strict:
         return "return len(_sent(ev)) > 0"
@@ -375,6 +388,7 @@ for m in _sent(ev):
         continue
 {"    if rcpt != want_to:" + chr(10) + "        continue" if only else ""}
 {"    if m.get('in_reply_to') != " + repr(reply_to) + ":" + chr(10) + "        continue" if reply_to is not None else ""}
+{"    if _greets(m['body'], " + repr(p['others']) + "):" + chr(10) + "        continue" if p.get("others") else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
 {_says_test('m["subject"] + " " + m["body"]', p)}
@@ -392,6 +406,8 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
     unless = f" and not any(_mentions(r.get(k, ''), v.split('|')) for k, v in {excludes!r}.items())" if excludes else ""
     if p.get("ids"):  # in the same fields as ``excludes``
         unless += f" and not any({_ids_cond('r.get(k)', p)} for k in {sorted(p.get('excludes') or {})!r})"
+    if p.get("others") and coll == "mail.messages":  # an email greets none of the people it is not for
+        unless += f" and not _greets(r.get('body', ''), {p['others']!r})"
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
     # a record is skipped at its first mismatching field (the checker scans every new record)
@@ -476,6 +492,8 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
         return f"return {tid!r} in ev['diff'].get('helpdesk.tickets', {{}}).get('changed', {{}})"
     names = _excluded(p.get("excludes"))
     unless = f" and not _mentions(c['body'], {names!r}.split('|'))" if names else ""
+    if p.get("others"):  # a public comment greets the requester, none of ``others``
+        unless += f" and not _greets(c['body'], {p['others']!r})"
     return f"""t = _coll(ev, "helpdesk.tickets").get({tid!r})
 if t is None:
     return False

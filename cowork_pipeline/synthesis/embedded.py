@@ -23,7 +23,7 @@ from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, source
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.synthesis.world import DOMAIN, WorldBuilder
 
-GENERATOR_VERSION = "embedded-6"  # 2: field-level unrelated-change checks, amounts and times in messages; 3: messages must not name a wrong record, no_deletes reads the audit log, booked meetings carry their title; 4: conditional turns take both branches (quote declined or countered, nothing approved), notes keep every other line, acknowledgements repeat what is new, a cancellation notice may say "called off"; 5: a leak is judged on an outside email's subject and body, figures in any notation (43 %, 43 percent); messages naming an invoice may not name another invoice number, existing or not; a counter-offer is in the facts; 6: a message hedging an amount, time or date between two values fails, and so do an amount stated in another currency and a weekday that contradicts its date; updated notes may not repeat the line the decision replaced below it
+GENERATOR_VERSION = "embedded-6"  # 2: field-level unrelated-change checks, amounts and times in messages; 3: messages must not name a wrong record, no_deletes reads the audit log, booked meetings carry their title; 4: conditional turns take both branches (quote declined or countered, nothing approved), notes keep every other line, acknowledgements repeat what is new, a cancellation notice may say "called off"; 5: a leak is judged on an outside email's subject and body, figures in any notation (43 %, 43 percent); messages naming an invoice may not name another invoice number, existing or not; a counter-offer is in the facts; 6: a message hedging an amount, time or date between two values fails, and so do an amount stated in another currency and a weekday that contradicts its date; updated notes may not repeat the line the decision replaced below it; an email or a public comment greets nobody but its recipients
 FLAW_RATES = {"lax": 0.10, "collision": 0.15, "vague": 0.15, "conflict": 0.2}
 
 
@@ -162,11 +162,30 @@ def finish(ctx: Ctx, comp: Composition, attempt: int) -> EnvironmentSpec:
         facts={**comp.facts, "mentions": comp.mentions, "targets": comp.targets, "new_in": comp.new_in},
     )
     plans.extend(_safety_items(ctx, comp, spec))
+    for p in plans:  # an email greets its recipients, a public comment the ticket's requester: nobody else
+        params = p.check.params
+        if p.check.kind == "mail_sent" and params.get("to"):
+            params["others"] = others_than(spec.world, params["to"])
+        elif p.check.kind == "record_created" and params.get("collection") == "mail.messages" and (params.get("match") or {}).get("to"):
+            params["others"] = others_than(spec.world, params["match"]["to"])
+        elif p.check.kind == "comment_added" and params.get("public", True):
+            ticket = spec.world.get("helpdesk.tickets", {}).get(params.get("ticket_id"), {})
+            if ticket.get("requester"):
+                params["others"] = others_than(spec.world, [ticket["requester"]])
     spec.rubric = [RubricItem(id=p.id, kind=p.kind, description=p.description, code=source(p.check), weight=p.weight, turn=p.turn)
                    for p in plans]
     spec.facts["checks"] = {p.id: p.check.to_dict() for p in plans}
     spec.facts["pieces"] = {i.id: i.extra["piece"] for i in comp.items if "piece" in i.extra}
     return spec
+
+
+def others_than(world: dict[str, Any], emails: list[str]) -> str:
+    """The first names (lower case, "|"-joined) of the people and contacts in ``world`` none of whom is one
+    of ``emails`` (a namesake of a recipient keeps their shared first name allowed)."""
+    people = [r for coll in ("directory.people", "crm.contacts") for r in world.get(coll, {}).values() if isinstance(r, dict)]
+    first = lambda r: (str(r.get("name") or "").lower().split() or [""])[0]  # noqa: E731
+    allowed = {first(r) for r in people if r.get("email") in emails}
+    return "|".join(sorted({first(r) for r in people} - allowed - {""}))
 
 
 def footprint(spec: EnvironmentSpec) -> tuple[dict[str, dict[str, list[str]]], dict[str, list[str]]]:
