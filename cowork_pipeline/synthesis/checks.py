@@ -65,11 +65,11 @@ def _hedges(t):
     return re.search("(?<![0-9a-z.:])" + value + "(?:[ ]+[a-z]{3})?[ ]+or[ ]+" + value + "(?![0-9a-z])", t) is not None
 
 def _weekday_clash(t, year):
-    if (not year and "-" not in t) or not any(d in t for d in ("mon", "tue", "wed", "thu", "fri", "sat", "sun")):
+    days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+    if (not year and "-" not in t) or not any(d in t for d in days):
         return False  # no date a weekday could contradict, or no weekday (most messages): no regex
     import re
     from datetime import date
-    days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
     months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
     wd = "(?<![a-z])(mon|tue|wed|thu|fri|sat|sun)(?:day|sday|nesday|rsday|urday|(?:s|r|rs)?[.]?)(?![a-z])"  # (a dot ends an abbreviation, not a day's name)
     iso = "([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])"
