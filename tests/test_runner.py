@@ -549,12 +549,26 @@ def test_resumed_mutants_equal_full_runs() -> None:
             at = {(c.turn, c.step): c for c in cps}
             base = executed_program(spec, ref)
             for m in mutants(spec, ref, seed=spec.seed):
-                cp = at.get(_divergence(base, m))
+                cp = at.get(_divergence(base, m, ref.replies))
                 full = run_episode(spec, ProgramAgent(m.program, name="m"))
                 part = run_episode(spec, ProgramAgent(m.program, name="m"), resume=cp)
                 assert _comparable(part) == _comparable(full), (cap.id, seed, m.operator, m.description)
                 resumed += cp is not None and cp.step + cp.turn > 0
     assert resumed > 100
+
+
+def test_a_mutant_diverges_where_its_reply_differs_from_the_reference_s() -> None:
+    """Same calls, another reply (the reference's turn ended with an apology, the mutant's program says it
+    is done): the mutant resumes at that turn's reply act, not after it with the reference's reply."""
+    from cowork_pipeline.validation.certify import _divergence
+    from cowork_pipeline.validation.mutations import Mutant
+
+    base = [[Step(tool="mail_search", args={"query": "x"})], [Step(tool="mail_read", args={"message_id": "m1"})]]
+    m = Mutant("missing_step", "d", [ProgramTurn(steps=list(base[0]), reply="Done."), ProgramTurn(steps=[], reply="Done.")])
+    assert _divergence(base, m) == (1, 0) == _divergence(base, m, ["Done.", "Done."])
+    same = Mutant("extra_write", "d", [ProgramTurn(steps=list(base[0]), reply="Done."), ProgramTurn(steps=list(base[1]) + [Step(tool="mail_delete", args={"message_id": "m1"})], reply="Done.")])
+    assert _divergence(base, same, ["I could not complete the request: unbound variable 't'", "Done."]) == (0, 1)
+    assert _divergence(base, same, ["Done.", "Done."]) == (1, 1)
 
 
 def test_checkpoints_refuse_faulted_episodes() -> None:

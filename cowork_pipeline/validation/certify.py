@@ -27,7 +27,7 @@ from cowork_pipeline.validation.mutations import OPERATORS, Mutant, equivalent, 
 
 CHECKER_ERRORS = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
                   "memory": "checker_memory"}
-VALIDATOR_VERSION = "certify-6"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported; 6: misstated_value mutants (amounts in another currency; amounts, times or dates hedged between two values; a weekday that contradicts its date)
+VALIDATOR_VERSION = "certify-7"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported; 6: misstated_value mutants (amounts in another currency; amounts, times or dates hedged between two values; a weekday that contradicts its date); 7: the confidential text pasted into a public comment on an outside requester's ticket (the helpdesk emails it to them); a reference program that stops early (a search found nothing to bind) is reference_incomplete, and no mutant runs
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
 _NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
 
@@ -150,15 +150,16 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _divergence(base: list[list[Any]], m: Mutant) -> tuple[int, int] | None:
+def _divergence(base: list[list[Any]], m: Mutant, replies: Sequence[str | None] | None = None) -> tuple[int, int] | None:
     """(turn, step) of the first agent act where the mutant's program differs from the executed
-    reference (one call per act, then the turn's reply); None when they never differ."""
+    reference (one call per act, then the turn's reply, compared with the reference's ``replies``
+    when given); None when they never differ."""
     for ti, (ref_steps, turn) in enumerate(zip(base, m.program)):
         steps = turn.steps
         p = 0
         while p < len(ref_steps) and p < len(steps) and ref_steps[p].tool == steps[p].tool and ref_steps[p].args == steps[p].args:
             p += 1
-        if p < len(ref_steps) or p < len(steps):
+        if p < len(ref_steps) or p < len(steps) or (replies is not None and ti < len(replies) and turn.reply != replies[ti]):
             return ti, p
     return None
 
@@ -240,9 +241,18 @@ class Validator:
                                     detail={"termination": ref.termination}))
             return runs
         base = executed_program(spec, ref)
+        # a program that stopped early ran cleanly as far as it went: a variable it could not bind (a search
+        # that found nothing) ends the turn with an apology instead of the remaining steps
+        short = next(((ti, len(done), len(t.steps)) for ti, (done, t) in enumerate(zip(base, spec.reference)) if len(done) < len(t.steps)), None)
+        if short is not None:
+            ti, done, n = short
+            said = ref.replies[ti] if ti < len(ref.replies) else ""
+            diags.append(Diagnostic("reference_incomplete", f"the reference solution stopped in turn {ti + 1} after {done} of its {n} steps: {said}",
+                                    detail={"termination": "stopped", "turn": ti}))
+            return runs
         at = {(c.turn, c.step): c for c in checkpoints or ()}
         for m in mutants(spec, ref, seed=spec.seed, base=base):
-            cp = at.get(_divergence(base, m))  # the episode restores the checkpoint's state itself
+            cp = at.get(_divergence(base, m, ref.replies))  # the episode restores the checkpoint's state itself
             traj = run_episode(spec, ProgramAgent(m.program, name=f"mutant:{m.operator}"), limits=self.limits, user=self.user,
                                workspace=fresh() if cp is None else Workspace(None), resume=cp)
             runs.append((m.operator, traj, m))

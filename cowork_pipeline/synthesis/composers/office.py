@@ -342,8 +342,9 @@ def confidential_request(ctx: Ctx) -> Composition:
         "body": f"Hi {first(me['name'])}, please do not send '{conf_title}' outside. {verdict}\n{owner['name']}"})
     att = {"doc_id": pub["id"], "name": pub["title"], "size": len(pub["content"]), "mime": "text/plain"}
     items = [
-        ItemPlan("asked_owner", f"The request was forwarded to the owner {owner['email']}",
+        ItemPlan("asked_owner", f"The request was forwarded to the owner {owner['email']}, asking what we may share",
                  CheckSpec("mail_sent", {"to": [owner["email"]], "includes": [req["email"], f"Fwd: Request: {conf_title}"],
+                                         "asks": True,  # "ask what we may share": a forward without a question asks nothing
                                          # nor names someone else as the requester, or another document as the one asked for
                                          "excludes": other_names(wb.state, "crm.contacts", "name", req["name"])
                                          + other_names(wb.state, "crm.accounts", "name", acc["name"])
