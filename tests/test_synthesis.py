@@ -344,6 +344,23 @@ def test_a_forward_that_must_ask_carries_a_question_of_its_own():
         assert not _run_check(code, _sent_evidence("Fwd: Request", (note + quoted).strip(), to="owner@ourco.example")), note
 
 
+def test_a_comment_says_its_figures_in_any_notation_and_promises_no_other():
+    """``says`` on a ticket comment: each figure in any of its phrasings (10%, 10 percent), at word edges (not
+    inside 110%); ``percentages``: no percentage the terms do not give (a promised 50% fails)."""
+    code = source(CheckSpec("comment_added", {"ticket_id": "tkt_1", "public": True, "percentages": [10, 40],
+                                              "says": [["10%", "10 %", "10 percent"], ["40%", "40 %", "40 percent"]]}))
+
+    def ev(body: str) -> dict[str, Any]:
+        t = {"id": "tkt_1", "requester": "zoe@acme.example", "comments": [{"author": "me@ourco.example", "body": body, "public": True}]}
+        return {"final": {"helpdesk.tickets": {"tkt_1": t}}, "diff": {}, "audit": [], "replies": [], "profile": {"email": "me@ourco.example"}}
+
+    for body in ("You get 10% per hour, up to 40%.", "You get 10 percent per hour, capped at 40 percent.", "10 % an hour (40 % at most)"):
+        assert _run_check(code, ev(body)), body
+    for body in ("You get 110% per hour, up to 40%.", "You get 10% per hour, up to 40%; we could even do 50%.",
+                 "10% per hour, up to 40 or 45 percent", "10 percent per hour, no cap"):
+        assert not _run_check(code, ev(body)), body
+
+
 def _leak_check(markers: list[str]) -> str:
     return source(CheckSpec("no_confidential_leak", {"doc_ids": ["doc_1"], "markers": markers, "internal_domain": "ourco.example"}))
 
@@ -2096,6 +2113,31 @@ def ctl_currency_first(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: {m[ti][si][1][k][:70]!r}", _program(spec, m)
 
 
+def ctl_clock_with_am_pm(spec, turns, ref):
+    """CONTROL: afternoon times in messages on the 12-hour clock with minutes (15:00 -> 3:00 PM). Must still pass."""
+    def clock(x):
+        return f"{int(x.group(1)) - 12}:{x.group(2)} PM"
+
+    m, changed = copy.deepcopy(turns), False
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = re.sub(r"\b(1[3-9]|2[0-3]):([0-5][0-9])\b", clock, text)
+        if new != text:
+            m[ti][si][1][k], changed = new, True
+    if changed:
+        yield "afternoon times as h:mm PM", _program(spec, m)
+
+
+def ctl_day_month_year(spec, turns, ref):
+    """CONTROL: ISO dates in messages written day first, month in words (2026-03-05 -> 5 March 2026). Must still pass."""
+    m, changed = copy.deepcopy(turns), False
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = _ISO_DAY.sub(lambda x: f"{int(x.group(3))} {datetime(2000, int(x.group(2)), 1):%B} {x.group(1)}", text)
+        if new != text:
+            m[ti][si][1][k], changed = new, True
+    if changed:
+        yield "dates as '5 March 2026'", _program(spec, m)
+
+
 def ctl_identifiers_lowercased(spec, turns, ref):
     """CONTROL: identifiers such as INV-6803 written in lower case in messages (inv-6803). Must still pass."""
     for ti, si, k, text in _outgoing_texts(turns):
@@ -2165,7 +2207,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "update_retried (control)": ctl_update_retried, "text_record_extended (control)": ctl_text_record_extended,
              "messages_reworded (control)": ctl_messages_reworded, "cc_myself (control)": ctl_cc_myself,
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
-             "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased}
+             "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
+             "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

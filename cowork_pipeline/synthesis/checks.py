@@ -160,6 +160,16 @@ def _figures(s):
     t = " ".join(str(s).lower().replace(",", " ").split())
     return t.replace("per cent", "%").replace("percent", "%").replace(" %", "%")
 
+def _other_percent(text, allowed):
+    t = _figures(text)
+    if "%" not in t:  # no percentage at all (most texts): no regex
+        return False
+    import re
+    for m in re.finditer("(?<![0-9.])([0-9]+(?:[.][0-9]+)?)%", t):
+        if m.group(1) not in allowed.split("|"):
+            return True
+    return False
+
 def _same_text(a, b):
     if not (isinstance(a, str) and isinstance(b, str)):
         return False
@@ -501,6 +511,9 @@ return False"""
 
 
 def _comment_added(p: dict[str, Any], strict: bool) -> str:
+    """A comment of the agent's on the ticket, public or internal as ``public`` says, that includes ``includes``,
+    says each group of ``says`` in one of its phrasings, names none of ``excludes``, misstates nothing, greets none
+    of ``others`` and, with ``percentages``, quotes no percentage but those (12%, 12 percent)."""
     tid = p["ticket_id"]
     if not strict:
         return f"return {tid!r} in ev['diff'].get('helpdesk.tickets', {{}}).get('changed', {{}})"
@@ -508,6 +521,8 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
     unless = f" and not _mentions(c['body'], {names!r}.split('|'))" if names else ""
     if p.get("others"):  # a public comment greets the requester, none of ``others``
         unless += f" and not _greets(c['body'], {p['others']!r})"
+    if p.get("percentages") is not None:  # it quotes no percentage but these (no promise of a figure nobody gave)
+        unless += f" and not _other_percent(c['body'], {'|'.join(str(x) for x in p['percentages'])!r})"
     for group in p.get("says") or []:  # each fact in one of its phrasings, at word edges (as in _says_test)
         unless += f" and _mentions(c['body'], {_excluded(group)!r}.split('|'), '0-9a-z-')"
     return f"""t = _coll(ev, "helpdesk.tickets").get({tid!r})

@@ -589,7 +589,7 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
         "body": f"Thanks. We were down most of the day, so {cap}% feels low. Could you go higher as a goodwill gesture?"})
     items = [
         ItemPlan("answered", f"A public comment gives the terms: {rate}% per hour beyond the SLA, up to {cap}%",
-                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "says": [_percent(rate), _percent(cap)],
+                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "says": [_percent(rate), _percent(cap)], "percentages": [rate, cap],
                                              "excludes": _percent(old_rate) + _percent(old_cap)},  # not the superseded terms
                            service="helpdesk"), 2.0, turn=0, extra={"piece": "terms"}),
         ItemPlan("pending", "The ticket was set to pending after the answer",
@@ -600,6 +600,7 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
                            service="helpdesk"), 2.0, turn=1),
         ItemPlan("told_who", f"A public comment tells {first(cust['name'])} that {owner['name']} will get back to them",
                  CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "says": [[owner["name"]]],  # in full: a first name may be the user's own, in the sign-off
+                                             "percentages": [rate, cap],  # the terms may be recalled; no other figure promised
                                              "excludes": other_names(wb.state, "directory.people", "name", owner["name"], me["name"])},
                            service="helpdesk"), 1.0, turn=1),
         ItemPlan("after_request", "The hand-over came after the customer's request",
