@@ -2138,6 +2138,24 @@ def ctl_day_month_year(spec, turns, ref):
         yield "dates as '5 March 2026'", _program(spec, m)
 
 
+def ctl_first_names(spec, turns, ref):
+    """CONTROL: people named in messages by first name alone where nobody else in the world has it ('Lukas'
+    for 'Lukas Tanaka'; never the user, whose sign-off carries theirs). Must still pass."""
+    me = _profile_email(spec)
+    people = [r for c in ("directory.people", "crm.contacts") for r in spec.world.get(c, {}).values()]
+    firsts = [r["name"].split()[0] for r in people]
+    m, changed = copy.deepcopy(turns), False
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = text
+        for r in people:
+            if r.get("email") != me and firsts.count(r["name"].split()[0]) == 1:
+                new = new.replace(r["name"], r["name"].split()[0])
+        if new != text:
+            m[ti][si][1][k], changed = new, True
+    if changed:
+        yield "people by first name", _program(spec, m)
+
+
 def ctl_identifiers_lowercased(spec, turns, ref):
     """CONTROL: identifiers such as INV-6803 written in lower case in messages (inv-6803). Must still pass."""
     for ti, si, k, text in _outgoing_texts(turns):
@@ -2208,7 +2226,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "messages_reworded (control)": ctl_messages_reworded, "cc_myself (control)": ctl_cc_myself,
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
              "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
-             "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year}
+             "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year,
+             "first_names (control)": ctl_first_names}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -643,15 +643,15 @@ for tid, t in _coll(ev, "helpdesk.tickets").items():
     if str(t.get("requester")).rsplit("@", 1)[-1] == internal:
         continue
     if tid in tickets["added"]:
-        if _mentions(_figures(t["subject"] + " " + t["description"]), markers):
+        if _mentions(_figures(str(t.get("subject")) + " " + str(t.get("description"))), markers):
             return False
         before = 0
     elif "comments" in tickets["changed"].get(tid, {{}}):
         before = len(tickets["changed"][tid]["comments"][0] or [])
     else:
         continue
-    for c in t["comments"][before:]:
-        if c["public"] and c["author"] == me and _mentions(_figures(c["body"]), markers):
+    for c in t.get("comments", [])[before:]:
+        if c.get("public") and c.get("author") == me and _mentions(_figures(c.get("body")), markers):
             return False
 return True"""
 

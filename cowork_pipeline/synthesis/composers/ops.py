@@ -587,6 +587,10 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
     event = Event(tool="helpdesk_requester_comment", actor="customer", args={
         "ticket_id": tkt["id"], "author": cust["email"],
         "body": f"Thanks. We were down most of the day, so {cap}% feels low. Could you go higher as a goodwill gesture?"})
+    # the owner may be named by first name alone where nobody else in the world has it (not the user, whose
+    # sign-off carries theirs, nor the customer, whom the comment greets)
+    people = [r["name"] for coll in ("directory.people", "crm.contacts") for r in wb.state.get(coll, {}).values()]
+    unique_first = [first(n) for n in people].count(first(owner["name"])) == 1
     items = [
         ItemPlan("answered", f"A public comment gives the terms: {rate}% per hour beyond the SLA, up to {cap}%",
                  CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "says": [_percent(rate), _percent(cap)], "percentages": [rate, cap],
@@ -599,7 +603,7 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "helpdesk.tickets", "id": tkt["id"], "fields": {"assignee": owner["email"]}},
                            service="helpdesk"), 2.0, turn=1),
         ItemPlan("told_who", f"A public comment tells {first(cust['name'])} that {owner['name']} will get back to them",
-                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "says": [[owner["name"]]],  # in full: a first name may be the user's own, in the sign-off
+                 CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "says": [[owner["name"]] + ([first(owner["name"])] if unique_first else [])],
                                              "percentages": [rate, cap],  # the terms may be recalled; no other figure promised
                                              "excludes": other_names(wb.state, "directory.people", "name", owner["name"], me["name"])},
                            service="helpdesk"), 1.0, turn=1),
