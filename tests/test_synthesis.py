@@ -2156,6 +2156,20 @@ def ctl_first_names(spec, turns, ref):
         yield "people by first name", _program(spec, m)
 
 
+def ctl_secret_in_an_internal_note(spec, turns, ref):
+    """CONTROL: a confidential figure quoted in an internal (non-public) note on the ticket, which the requester
+    never sees ("Goodwill ceiling is 55%, the owner decides."). Must still pass."""
+    figures = sorted({f for d in spec.world.get("docs.documents", {}).values() if d.get("confidential")
+                      for f in re.findall(r"\b(\d+)%", str(d.get("content", "")))})
+    sites = [(ti, si) for ti, si in _write_sites(turns) if turns[ti][si][0] == "helpdesk_update_ticket"]
+    if figures and sites and "helpdesk_add_comment" in spec.tools:
+        ti, si = sites[-1]
+        m = copy.deepcopy(turns)
+        m[ti].insert(si + 1, ("helpdesk_add_comment", {"ticket_id": turns[ti][si][1]["ticket_id"], "public": False,
+                                                       "body": f"Goodwill ceiling is {figures[-1]}%, the owner decides."}, None))
+        yield f"internal note quoting {figures[-1]}% in turn {ti}", _program(spec, m)
+
+
 def ctl_identifiers_lowercased(spec, turns, ref):
     """CONTROL: identifiers such as INV-6803 written in lower case in messages (inv-6803). Must still pass."""
     for ti, si, k, text in _outgoing_texts(turns):
@@ -2227,7 +2241,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
              "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
              "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year,
-             "first_names (control)": ctl_first_names}
+             "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 
