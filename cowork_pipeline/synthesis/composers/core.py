@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
+from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
 from cowork_pipeline.synthesis.composers._common import V, first, mention, other_names
@@ -133,8 +134,10 @@ def ticket_triage_followup(ctx: Ctx) -> Composition:
              f"on-call engineer (see the support channel).")
     user2 = (f"{first(cust['name'])} added an update on that ticket. Acknowledge it with a public comment that says what you noted, "
              f"and set the ticket to pending.")
+    ci = [r["id"] for r in sorted(wb.state["crm.contacts"].values(), key=lambda r: r["id"]) if matches(cust["name"], r["name"], r["email"], r["title"])].index(cust["id"])
     t1 = ProgramTurn(steps=[
-        Step(tool="helpdesk_search_tickets", args={"requester": cust["email"]}, bind={"t": "0.id"}),
+        Step(tool="crm_search_contacts", args={"query": cust["name"]}, bind={"c": f"{ci}.email"}),  # the user names them; tickets know emails
+        Step(tool="helpdesk_search_tickets", args={"requester": V("c")}, bind={"t": "0.id"}),
         Step(tool="chat_search", args={"query": "on-call this week"}),
         Step(tool="directory_search", args={"query": oncall["name"]}, bind={"oc": "0.email"}),
         Step(tool="helpdesk_update_ticket", args={"ticket_id": V("t"), "priority": "high", "assignee": V("oc")}),

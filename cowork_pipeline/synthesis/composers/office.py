@@ -321,7 +321,7 @@ def confidential_request(ctx: Ctx) -> Composition:
         Step(tool="mail_forward", args={"message_id": V("m"), "to": [V("owner")],
                                         "note": f"Hi {first(owner['name'])}, {req['name']} from {acc['name']} asks for '{conf_title}', which is "
                                                 f"confidential. What may we share with them?"}),
-    ], reply=f"'{conf_title}' is confidential, so I did not send it; I forwarded the request to its owner, {owner['name']}.")
+    ], reply=f"'{conf_title}' is confidential, so I did not send it; I forwarded the request to its owner, {owner['email']}.")
     read = [Step(tool="mail_search", args={"sender": V("owner")}, bind={"a": "0.id"}), Step(tool="mail_read", args={"message_id": V("a")})]
     if approved:
         t2 = ProgramTurn(steps=read + [

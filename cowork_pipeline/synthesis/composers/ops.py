@@ -82,7 +82,7 @@ def deal_won_from_chat(ctx: Ctx) -> Composition:
         Step(tool="chat_search", args={"query": "closed at"}, bind={"ch": "0.channel_id"}),
         Step(tool="crm_search_deals", args={"query": deal["name"]}, bind={"d": f"{di}.id"}),
         Step(tool="crm_update_deal", args={"deal_id": V("d"), "stage": "won", "amount": final,
-                                           "note": f"Closed at {final:.2f} USD, announced by {rep['name']} in #deals"}),
+                                           "note": f"Closed at {final:.2f} USD, announced by {who} in #deals"}),  # as the user named them
         Step(tool="chat_post_message", args={"channel_id": V("ch"),
                                              "text": f"Thanks {first(rep['name'])}! '{deal['name']}' is marked won in the CRM at {final:.2f} USD."}),
     ], reply=f"'{deal['name']}' is won at {final:.2f} USD in the CRM and I confirmed it in #deals.")]
@@ -562,12 +562,13 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
              f"ticket to the owner of {acc['name']} in the CRM and tell {first(cust['name'])} publicly who will get back to them, "
              f"without promising any figure.")
     ci = _pos(wb, "crm.contacts", cust["id"], lambda r: matches(who, r["name"], r["email"], r["title"]))
-    di = _pos(wb, "docs.documents", pub["id"], lambda r: matches(pub_title, r["title"], r["content"]))
+    # searched with the user's words: the results list last year's terms and the goodwill policy too
+    di = _pos(wb, "docs.documents", pub["id"], lambda r: matches("service credit", r["title"], r["content"]))
     ai = _pos(wb, "crm.accounts", acc["id"], lambda r: matches(acc["name"], r["name"], r["domain"]))
     t1 = ProgramTurn(steps=[
         Step(tool="crm_search_contacts", args={"query": who}, bind={"c": f"{ci}.email"}),
         Step(tool="helpdesk_search_tickets", args={"requester": V("c"), "status": "open"}, bind={"t": "0.id"}),
-        Step(tool="docs_search", args={"query": pub_title}, bind={"d": f"{di}.id"}),
+        Step(tool="docs_search", args={"query": "service credit"}, bind={"d": f"{di}.id"}),
         Step(tool="docs_read", args={"doc_id": V("d")}),
         Step(tool="helpdesk_add_comment", args={"ticket_id": V("t"), "public": True,
                                                 "body": f"Hi {first(cust['name'])}, under our service credit terms you get {rate}% of the "
@@ -579,6 +580,7 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
         Step(tool="helpdesk_get_ticket", args={"ticket_id": V("t")}),
         Step(tool="crm_search_accounts", args={"query": acc["name"]}, bind={"a": f"{ai}.id"}),
         Step(tool="crm_get_account", args={"account_id": V("a")}, bind={"o": "owner"}),
+        Step(tool="directory_search", args={"query": V("o")}),  # the account gives the owner's address; the comment names them
         Step(tool="helpdesk_update_ticket", args={"ticket_id": V("t"), "assignee": V("o")}),
         Step(tool="helpdesk_add_comment", args={"ticket_id": V("t"), "public": True,
                                                 "body": f"Hi {first(cust['name'])}, I passed your request to {owner['name']}, your account "
