@@ -848,6 +848,34 @@ def test_unsolvable_reference_refers_to_a_missing_record(validator, outcomes):
     assert cert.mutants == [] and d.detail["turn"] == 0
 
 
+def test_a_reference_that_writes_what_it_never_saw_is_rejected(validator, outcomes):
+    """A demonstration may name the world's people, addresses, titles and ids only after the user's words or a tool
+    result showed them: the document owner's full name in a reply when only their address was looked up, or the
+    customer's address used as a search filter when the user gave only their name, is reported where it happens."""
+    spec = certified_spec(outcomes, "confidential_request")
+    owner = next(p for p in spec.world["directory.people"].values() if p["email"] == spec.facts["owner"])
+
+    def name_the_owner(doc):
+        doc["reference"][0]["reply"] = f"I forwarded the request to its owner, {owner['name']}."
+
+    cert = validator.certify(planted(json_edit(spec, name_the_owner)))
+    assert not cert.certified and codes(cert) == {"reference_ungrounded"}, cert.diagnostics
+    [d] = cert.diagnostics
+    assert d.detail == {"turn": 0, "tool": "reply", "value": owner["name"].lower()} and "look it up first" in d.message
+
+    spec = certified_spec(outcomes, "ticket_triage_followup")
+    cust = spec.world["helpdesk.tickets"][spec.facts["ticket_id"]]["requester"]
+
+    def skip_the_contact_lookup(doc):
+        steps = doc["reference"][0]["steps"]
+        assert steps[0]["tool"] == "crm_search_contacts"
+        del steps[0]
+        steps[0]["args"]["requester"] = cust
+
+    cert = validator.certify(planted(json_edit(spec, skip_the_contact_lookup)))
+    assert [(d.code, d.detail["tool"], d.detail["value"]) for d in cert.diagnostics] == [("reference_ungrounded", "helpdesk_search_tickets", cust)]
+
+
 def test_unsolvable_rubric_item_is_rejected(validator, outcomes):
     spec = certified_spec(outcomes, "invoice_reconcile")
     inv = spec.facts["invoice_id"]

@@ -11,6 +11,7 @@ Multi-turn tasks run with their user simulator in the loop, world events include
 from __future__ import annotations
 
 import gc
+import json
 import re
 import time
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from cowork_pipeline.validation.mutations import OPERATORS, Mutant, equivalent, 
 
 CHECKER_ERRORS = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
                   "memory": "checker_memory"}
-VALIDATOR_VERSION = "certify-7"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported; 6: misstated_value mutants (amounts in another currency; amounts, times or dates hedged between two values; a weekday that contradicts its date); 7: the confidential text pasted into a public comment on an outside requester's ticket (the helpdesk emails it to them); a reference program that stops early (a search found nothing to bind) is reference_incomplete, and no mutant runs
+VALIDATOR_VERSION = "certify-7"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported; 6: misstated_value mutants (amounts in another currency; amounts, times or dates hedged between two values; a weekday that contradicts its date); 7: the confidential text pasted into a public comment on an outside requester's ticket (the helpdesk emails it to them); a reference program that stops early (a search found nothing to bind) is reference_incomplete, and no mutant runs; a reference that writes a world value (a name, an address, a title, an id) before anything it saw showed it is reference_ungrounded
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
 _NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
 
@@ -164,6 +165,46 @@ def _divergence(base: list[list[Any]], m: Mutant, replies: Sequence[str | None] 
     return None
 
 
+# What a reference may only name once it has seen it: people, accounts, documents, invoices, deals, meetings and
+# record ids of the world (values of 4+ characters; shorter ones are ordinary words too often).
+_GROUNDED_FIELDS = {"directory.people": ("name", "email"), "crm.contacts": ("name", "email"), "crm.accounts": ("name",),
+                    "docs.documents": ("title",), "crm.invoices": ("number",), "crm.deals": ("name",), "calendar.events": ("title",)}
+
+
+def ungrounded(spec: EnvironmentSpec, traj: Trajectory) -> list[tuple[int, str, str]]:
+    """(turn, act, value) for each world value the agent wrote (in a call's arguments or a reply) before anything it
+    observed showed it: the system prompt, the user's turns and the tool results. A demonstration that names the
+    document owner it never looked up teaches the student to invent names."""
+    values: set[str] = set()
+    for coll, recs in spec.world.items():
+        if coll.startswith("_") or not isinstance(recs, dict):
+            continue
+        fields = ("id",) + _GROUNDED_FIELDS.get(coll, ())
+        for r in recs.values():
+            if isinstance(r, dict):
+                values.update(v.lower() for f in fields for v in [r.get(f)] if isinstance(v, str) and len(v) >= 4)
+    seen: list[str] = []
+    written: list[tuple[int, str, str, int]] = []  # (turn, act, text, observations before it) of the agent's acts, in order, with what it had seen
+    turn = -1
+    for m in traj.messages:
+        if m["role"] == "assistant":
+            calls = m.get("tool_calls") or []
+            text = " ".join([m.get("content") or ""] + [json.dumps(json.loads(c["function"]["arguments"]), ensure_ascii=False) for c in calls])
+            written.append((turn, calls[0]["function"]["name"] if calls else "reply", text.lower(), len(seen)))
+        else:
+            turn += m["role"] == "user"
+            seen.append(str(m.get("content") or "").lower())
+    out: list[tuple[int, str, str]] = []
+    everything = " ".join(w[2] for w in written)
+    for v in sorted(x for x in values if x in everything):  # (most values are never written: one pass over them)
+        for t, act, text, n_seen in written:
+            if v in text:
+                if not any(v in s for s in seen[:n_seen]):
+                    out.append((t, act, v))
+                break
+    return out
+
+
 class Validator:
     def __init__(self, sandbox: Any, fault_rate: float = 0.25, limits: Limits = Limits(), user: UserSimulator | None = None):
         self.sandbox = sandbox
@@ -250,6 +291,10 @@ class Validator:
             diags.append(Diagnostic("reference_incomplete", f"the reference solution stopped in turn {ti + 1} after {done} of its {n} steps: {said}",
                                     detail={"termination": "stopped", "turn": ti}))
             return runs
+        for t, act, value in ungrounded(spec, ref)[:3]:
+            diags.append(Diagnostic("reference_ungrounded", f"the reference's {act} in turn {t + 1} writes '{value}' before anything it "
+                                    f"looked up or was told shows it: look it up first (a demonstration must not know what it never saw)",
+                                    detail={"turn": t, "tool": act, "value": value}))
         at = {(c.turn, c.step): c for c in checkpoints or ()}
         for m in mutants(spec, ref, seed=spec.seed, base=base):
             cp = at.get(_divergence(base, m, ref.replies))  # the episode restores the checkpoint's state itself
