@@ -564,9 +564,8 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
     ci = _pos(wb, "crm.contacts", cust["id"], lambda r: matches(who, r["name"], r["email"], r["title"]))
     # searched with the user's words: the results list last year's terms and the goodwill policy too
     di = _pos(wb, "docs.documents", pub["id"], lambda r: matches("service credit", r["title"], r["content"]))
-    ai = _pos(wb, "crm.accounts", acc["id"], lambda r: matches(acc["name"], r["name"], r["domain"]))
     t1 = ProgramTurn(steps=[
-        Step(tool="crm_search_contacts", args={"query": who}, bind={"c": f"{ci}.email"}),
+        Step(tool="crm_search_contacts", args={"query": who}, bind={"c": f"{ci}.email", "a": f"{ci}.account_id"}),
         Step(tool="helpdesk_search_tickets", args={"requester": V("c"), "status": "open"}, bind={"t": "0.id"}),
         Step(tool="docs_search", args={"query": "service credit"}, bind={"d": f"{di}.id"}),
         Step(tool="docs_read", args={"doc_id": V("d")}),
@@ -576,9 +575,8 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
                                                         f"Best, {first(me['name'])}"}),
         Step(tool="helpdesk_update_ticket", args={"ticket_id": V("t"), "status": "pending"}),
     ], reply=f"I answered {cust['name']} on the ticket ({rate}% per hour beyond the SLA, up to {cap}%) and set it to pending.")
+    # (the customer's account is known from turn 1's contact look-up; the user said what the customer asked)
     t2 = ProgramTurn(steps=[
-        Step(tool="helpdesk_get_ticket", args={"ticket_id": V("t")}),
-        Step(tool="crm_search_accounts", args={"query": acc["name"]}, bind={"a": f"{ai}.id"}),
         Step(tool="crm_get_account", args={"account_id": V("a")}, bind={"o": "owner"}),
         Step(tool="directory_search", args={"query": V("o")}),  # the account gives the owner's address; the comment names them
         Step(tool="helpdesk_update_ticket", args={"ticket_id": V("t"), "assignee": V("o")}),
