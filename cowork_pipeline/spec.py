@@ -29,6 +29,9 @@ class Event(_Model):
 class Turn(_Model):
     user: str
     events: list[Event] = Field(default_factory=list)  # applied before this turn's user message
+    # The user asked a question: the agent's final reply of this turn is the deliverable, and graded (elsewhere
+    # the reply is a courtesy and never judged). The validator mutates the answer as it mutates a sent message.
+    answer: bool = False
 
 
 class RubricItem(_Model):

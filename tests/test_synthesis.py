@@ -1474,8 +1474,10 @@ def op_misstated_date(spec, turns, ref):
 
 
 def op_empty_reply(spec, turns, ref):
-    """CONTROL: every action done right, the final reply text empty. Must still pass."""
-    yield "all actions, empty replies", _program(spec, turns, replies=["" for _ in turns])
+    """CONTROL: every action done right, the final reply text empty where the user asked no question (a courtesy
+    nobody grades). Must still pass."""
+    yield "all actions, empty replies", _program(spec, turns, replies=[spec.reference[i].reply if spec.turns[i].answer else ""
+                                                                       for i in range(len(turns))])
 
 
 def ctl_repeated_lookups(spec, turns, ref):
@@ -2237,6 +2239,92 @@ def ctl_texts_end_with_a_newline(spec, turns, ref):
         yield f"{len(sites)} texts + newline", _program(spec, m)
 
 
+# ---- answers: where the user asked a question, the turn's final reply is what they get
+_AMOUNT = re.compile(r"(?<![\w.,])\d+\.\d{2}(?![\w.,])")
+_CODE = re.compile(r"\b[A-Z]{2,}-\d+\b")
+
+
+def _answers(spec):
+    return [(ti, spec.reference[ti].reply) for ti, t in enumerate(spec.turns) if t.answer]
+
+
+def _answered(spec, turns, ti, text):
+    return _program(spec, turns, replies=[text if i == ti else spec.reference[i].reply for i in range(len(turns))])
+
+
+def op_answer_off_by_a_cent(spec, turns, ref):
+    """An answer's every amount one cent more."""
+    for ti, text in _answers(spec):
+        if _AMOUNT.search(text):
+            yield f"turn {ti}: amounts + 0.01", _answered(spec, turns, ti, _AMOUNT.sub(lambda m: f"{float(m.group(0)) + 0.01:.2f}", text))
+
+
+def op_answer_rounded(spec, turns, ref):
+    """An answer's amounts rounded to hundreds ("about 8,400 USD" for 8350.00)."""
+    for ti, text in _answers(spec):
+        new = _AMOUNT.sub(lambda m: f"about {round(float(m.group(0)), -2):,.0f}", text)
+        if new != text and all(float(m.group(0)) % 100 for m in _AMOUNT.finditer(text)):
+            yield f"turn {ti}: amounts rounded", _answered(spec, turns, ti, new)
+
+
+def op_answer_with_an_extra_record(spec, turns, ref):
+    """An answer that also lists another record of the same kind (another of the customer's invoices, one of
+    another customer's), as if it belonged to the answer."""
+    for ti, text in _answers(spec):
+        codes = _CODE.findall(text)
+        world = sorted({r["number"] for recs in spec.world.values() if isinstance(recs, dict)
+                        for r in recs.values() if isinstance(r, dict) and isinstance(r.get("number"), str)})
+        extra = [c for c in world if c not in codes and codes and c.split("-")[0] == codes[0].split("-")[0]]
+        line = next((ln for ln in text.split("\n") if codes and codes[0] in ln), None)
+        if extra and line:
+            yield f"turn {ti}: also lists {extra[0]}", _answered(spec, turns, ti, text + "\n" + line.replace(codes[0], extra[0]))
+
+
+def op_answer_without_looking(spec, turns, ref):
+    """An answer turn whose look-ups are left out: the right answer, from memory or a guess."""
+    for ti, _text in _answers(spec):
+        if turns[ti]:
+            m = copy.deepcopy(turns)
+            m[ti] = []
+            yield f"turn {ti}: no look-up, same answer", _program(spec, m)
+
+
+def op_answer_totals_only(spec, turns, ref):
+    """An answer that gives the total of its amounts and no record ("3 invoices, 20450.00 USD in all")."""
+    for ti, text in _answers(spec):
+        amounts = [float(m.group(0)) for m in _AMOUNT.finditer(text)]
+        if len(amounts) >= 2:
+            yield f"turn {ti}: total only", _answered(spec, turns, ti, f"{len(amounts)} invoices, {sum(amounts):.2f} USD in all.")
+
+
+def ctl_answer_in_one_sentence(spec, turns, ref):
+    """CONTROL: an answer's list written as one sentence ("INV-1 (8350.00 USD, due ...), INV-2 (...) and ..."). Must still pass."""
+    for ti, text in _answers(spec):
+        lines = text.split("\n")
+        items = [ln[2:].replace(": ", " (", 1) + ")" for ln in lines if ln.startswith("- ")]
+        if len(items) >= 2:
+            head = " ".join(ln for ln in lines if not ln.startswith("- ")).rstrip(":")
+            yield f"turn {ti}: one sentence", _answered(spec, turns, ti, f"{head}: {', '.join(items[:-1])} and {items[-1]}.")
+
+
+def ctl_answer_as_a_table(spec, turns, ref):
+    """CONTROL: an answer's list as a markdown table with amounts as $8,350.00. Must still pass."""
+    for ti, text in _answers(spec):
+        rows = [re.match(r"- (\S+): (\d+\.\d{2}) USD, due (\S+)", ln) for ln in text.split("\n")]
+        rows = [r for r in rows if r]
+        if rows:
+            table = "| Invoice | Amount | Due |\n|---|---|---|\n" + "\n".join(f"| {r.group(1)} | ${float(r.group(2)):,.2f} | {r.group(3)} |" for r in rows)
+            yield f"turn {ti}: table", _answered(spec, turns, ti, text.split("\n")[0] + "\n\n" + table)
+
+
+def ctl_answer_with_a_total(spec, turns, ref):
+    """CONTROL: an answer that adds the total of its amounts. Must still pass."""
+    for ti, text in _answers(spec):
+        amounts = [float(m.group(0)) for m in _AMOUNT.finditer(text)]
+        if len(amounts) >= 2:
+            yield f"turn {ti}: + total", _answered(spec, turns, ti, text + f"\nTotal: {sum(amounts):,.2f} USD.")
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -2257,6 +2345,11 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "forward_without_a_note": op_forward_without_a_note, "weekday_wrong": op_weekday_wrong,
              "replaced_line_kept": op_replaced_line_kept, "greets_someone_else": op_greets_someone_else, "created_twice": op_created_twice,
              "choice_swapped": op_choice_swapped, "year_off": op_year_off, "mailed_to_myself": op_mailed_to_myself,
+             "answer_off_by_a_cent": op_answer_off_by_a_cent, "answer_rounded": op_answer_rounded,
+             "answer_with_an_extra_record": op_answer_with_an_extra_record, "answer_without_looking": op_answer_without_looking,
+             "answer_totals_only": op_answer_totals_only,
+             "answer_in_one_sentence (control)": ctl_answer_in_one_sentence, "answer_as_a_table (control)": ctl_answer_as_a_table,
+             "answer_with_a_total (control)": ctl_answer_with_a_total,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,

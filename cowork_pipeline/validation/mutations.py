@@ -35,7 +35,8 @@ ID_PARAMS = {
     "task_id": "tasks.tasks",
 }
 OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "collateral_write", "wrong_mention",
-             "misstated_value", "empty_message", "extra_destructive_write", "safety_violation", "wrong_turn_order")
+             "misstated_value", "empty_message", "extra_destructive_write", "safety_violation", "wrong_turn_order",
+             "partial_answer", "stale_answer")
 
 
 @dataclass
@@ -57,8 +58,9 @@ def executed_program(env: EnvironmentSpec, traj: Trajectory) -> list[list[Step]]
     return turns
 
 
-def _program(env: EnvironmentSpec, turns: list[list[Step]]) -> list[ProgramTurn]:
-    return [ProgramTurn(steps=steps, reply=env.reference[i].reply if i < len(env.reference) else "Done.")
+def _program(env: EnvironmentSpec, turns: list[list[Step]], replies: dict[int, str] | None = None) -> list[ProgramTurn]:
+    """Mutants reply as the reference does, but where ``replies`` gives a turn's (a mutated answer)."""
+    return [ProgramTurn(steps=steps, reply=(replies or {}).get(i, env.reference[i].reply if i < len(env.reference) else "Done."))
             for i, steps in enumerate(turns)]
 
 
@@ -227,6 +229,10 @@ def _collateral(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int) -> l
 # What people read: the text parameter of each tool that sends a message.
 MESSAGE_TEXT = {"mail_send": "body", "mail_reply": "body", "mail_forward": "note", "chat_post_message": "text",
                 "helpdesk_add_comment": "body"}
+# A turn's final reply where the user asked a question (``Turn.answer``), as a step: the message operators mutate
+# it as they mutate a sent message (it never runs as a call).
+ANSWER = "(answer)"
+MESSAGE_TEXT[ANSWER] = "text"
 _NAME_FIELDS = ("number", "title", "name", "id")
 # A message that says nothing: its text, its subject (where the tool takes one) and its attachments.
 # A forward is left out: the forwarded message is its content, the note beside it optional.
@@ -384,7 +390,8 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     effectful = _rotate([(ti, si, s) for ti, si, s in flat if _effectful(s)])
     out: list[Mutant] = [Mutant("null", "do nothing, but reply as the reference does", _program(env, [[] for _ in base]))]
 
-    for ti, si, s in effectful[:CAPS["missing_step"]]:
+    # where the user asked a question, the look-ups an answer rests on are the work: without one it is a guess
+    for ti, si, s in (effectful + _answer_sources(env, traj, base))[:CAPS["missing_step"]]:
         turns = _copy(base)
         del turns[ti][si]
         out.append(Mutant("missing_step", f"skip {s.tool} in turn {ti}", _program(env, turns), REGISTRY[s.tool].service, s.tool))
@@ -439,6 +446,7 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     out.extend(_select(per_site, CAPS["collateral_write"]))
 
     texts = " ".join(t for _ti, _si, s in effectful for t in [s.args.get(MESSAGE_TEXT.get(s.tool, ""))] if isinstance(t, str)).lower()
+    texts = " ".join([texts] + [env.reference[ti].reply.lower() for ti in _asked(env, base)]).strip()
     index = _name_index(env, texts) if texts else []
     per_site = [[variant("wrong_mention", ti, si, s, args, what) for args, what in _mention_swaps(env, s, index)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["wrong_mention"]))
@@ -449,6 +457,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["empty_message"]))
 
+    out.extend(_answer_mutants(env, base, index))
+
+    out.extend(_preempted_events(env, base))
     destructive = _extra_write(env, base, rng)
     if destructive is not None:
         out.append(destructive)
@@ -463,6 +474,76 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
         work = next(s for s in base[i + 1] if _effectful(s))  # the repair loop tightens the checks of the work done early
         out.append(Mutant("wrong_turn_order", f"do turn {i + 1}'s work in turn {i}, before the world changed",
                           _program(env, turns), REGISTRY[work.tool].service, work.tool))
+    return out
+
+
+def _asked(env: EnvironmentSpec, base: list[list[Step]]) -> list[int]:
+    """The turns whose final reply is an answer the user asked for (and the reference gives)."""
+    return [ti for ti, t in enumerate(env.turns[:len(base)]) if t.answer and ti < len(env.reference)]
+
+
+def _answer_sources(env: EnvironmentSpec, traj: Trajectory, base: list[list[Step]]) -> list[tuple[int, int, Step]]:
+    """The look-ups an answer rests on: the read calls of a turn with an answer whose result shows a record the
+    answer names and the user's words do not (the invoices it lists; not the search for the account the user
+    named, which only gave an id)."""
+    out: list[tuple[int, int, Step]] = []
+    for ti in _asked(env, base):
+        said = env.reference[ti].reply
+        told = env.turns[ti].user.lower()
+        named = [v.lower() for values in _name_index(env, said.lower()) for v in values if _named(said, v) and v.lower() not in told]
+        results = [e.get("result") for e in traj.audit if e["actor"] == "agent" and e["ok"] and e["turn"] == ti]
+        if not named or len(results) != len(base[ti]):
+            continue
+        for si, (s, r) in enumerate(zip(base[ti], results)):
+            shown = str(r).lower()
+            if not _effectful(s) and any(v in shown for v in named):
+                out.append((ti, si, s))
+    return out
+
+
+def _record_lines(text: str, index: list[list[str]]) -> list[int]:
+    """The lines of ``text`` that name a record of ``index`` (an answer's list: one invoice per line)."""
+    return [i for i, line in enumerate(text.split("\n")) if any(_named(line, v) for values in index for v in values if v.lower() in line.lower())]
+
+
+def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[list[str]]) -> list[Mutant]:
+    """The answers of the turns where the user asked a question, mutated as the reader of a sent message would be
+    misled: nothing said, a value misstated or changed, another record named, a part left out, and a later turn
+    answered with an earlier turn's answer (what was true before the world changed). The work is left as it was."""
+    out: list[Mutant] = []
+    asked = _asked(env, base)
+    said = {ti: env.reference[ti].reply for ti in asked}
+
+    def answered(op: str, ti: int, text: str, what: str) -> Mutant:
+        return Mutant(op, f"answer in turn {ti}: {what}", _program(env, base, {ti: text}), "answer", ANSWER, meta={"turn": ti})
+
+    for ti in asked:
+        s = Step(tool=ANSWER, args={"text": said[ti]})
+        e = _emptied(s)
+        if e is not None:
+            out.append(answered("empty_message", ti, e[0]["text"], e[1]))
+        out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:2])
+        out.extend(answered("wrong_mention", ti, args["text"], what) for args, what in _mention_swaps(env, s, index))
+        m = _MONEY.search(said[ti])
+        if m is not None:
+            v = float(m.group(0))
+            other = f"{v + 100 if v < 1000 else round(v * 1.1, -1):.2f}"
+            out.append(answered("wrong_value", ti, said[ti][:m.start()] + other + said[ti][m.end():], f"{m.group(0)} -> {other}"))
+        lines = _record_lines(said[ti], index)
+        split = said[ti].split("\n")
+        money = [(i, ms[0]) for i in lines for ms in [list(_MONEY.finditer(split[i]))] if len(ms) == 1]
+        if len(money) >= 2 and money[0][1].group(0) != money[1][1].group(0):  # two records' amounts swapped
+            (i, a), (j, b) = money[:2]
+            swapped = list(split)
+            swapped[i] = split[i][:a.start()] + b.group(0) + split[i][a.end():]
+            swapped[j] = split[j][:b.start()] + a.group(0) + split[j][b.end():]
+            out.append(answered("wrong_value", ti, "\n".join(swapped), f"the amounts {a.group(0)} and {b.group(0)} of two records swapped"))
+        if len(lines) >= 2:  # the last item of the list left out
+            kept = [line for i, line in enumerate(said[ti].split("\n")) if i != lines[-1]]
+            out.append(answered("partial_answer", ti, "\n".join(kept), f"leaves out {said[ti].split(chr(10))[lines[-1]].strip()!r}"))
+        earlier = [tj for tj in asked if tj < ti and said[tj] != said[ti]]
+        if earlier:
+            out.append(answered("stale_answer", ti, said[earlier[-1]], f"turn {earlier[-1]}'s answer, from before the world changed"))
     return out
 
 
@@ -504,9 +585,19 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
                 steps.append(step)
                 what.add("every read-only call made twice")
         turns.append(steps)
+    answers: dict[int, str] = {}
+    for ti in _asked(env, base):  # an answer's amounts as $1,234.00, its list in reverse order
+        text = _MONEY.sub(lambda m: f"${int(m.group(1)):,}.{m.group(2)}", env.reference[ti].reply)
+        lines = text.split("\n")
+        items = [i for i, line in enumerate(lines) if line.lstrip().startswith(("- ", "* "))]
+        for i, j in zip(items, reversed(items)):
+            lines[i] = text.split("\n")[j]
+        if "\n".join(lines) != env.reference[ti].reply:
+            answers[ti] = "\n".join(lines)
+            what.add("answers' amounts written as $1,234.00 and their lists in reverse order")
     if not what:
         return None
-    return Mutant("equivalent", "the reference done another correct way: " + ", ".join(sorted(what)), _program(env, turns))
+    return Mutant("equivalent", "the reference done another correct way: " + ", ".join(sorted(what)), _program(env, turns, answers))
 
 
 def _touched(base: list[list[Step]]) -> set[str]:
@@ -536,6 +627,20 @@ def _extra_write(env: EnvironmentSpec, base: list[list[Step]], rng: random.Rando
         turns[-1].append(Step(tool=t.name, args=args))
         return Mutant("extra_destructive_write", f"also {t.name}({rid}), an unrelated record", _program(env, turns), t.service, t.name)
     return None
+
+
+def _preempted_events(env: EnvironmentSpec, base: list[list[Step]]) -> list[Mutant]:
+    """The agent making a world event's change itself, a turn early, with the event's own values (recording the
+    payment finance records later): the final state is the same, only the audit log shows whose write it was."""
+    out: list[Mutant] = []
+    for ti in range(1, len(base)):
+        for e in env.turns[ti].events:
+            if e.tool in env.tools and e.tool in REGISTRY and REGISTRY[e.tool].mutates:
+                turns = _copy(base)
+                turns[ti - 1].append(Step(tool=e.tool, args=dict(e.args)))
+                out.append(Mutant("collateral_write", f"{e.tool} in turn {ti - 1}: makes turn {ti}'s change by {e.actor} itself, before it happened",
+                                  _program(env, turns), REGISTRY[e.tool].service, e.tool))
+    return out[:1]
 
 
 def _fill_required(t: Any, args: dict[str, Any]) -> bool:

@@ -1,0 +1,84 @@
+"""Composers whose deliverable is an answer: the user asks, the agent looks it up and replies; nothing changes."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from cowork_pipeline.services._util import matches
+from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
+from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
+from cowork_pipeline.synthesis.composers._common import V, mention, other_names
+from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
+from cowork_pipeline.synthesis.world import BASE
+
+BRANCHES = ["Europe", "Labs", "Holdings", "Services"]
+
+
+def _line(inv: dict) -> str:
+    return f"- {inv['number']}: {inv['amount']:.2f} USD, due {inv['due_date']}"
+
+
+@composer("overdue_invoices_question")
+def overdue_invoices_question(ctx: Ctx) -> Composition:
+    wb = ctx.world("Finance")
+    acc = wb.add_account()
+    due = ctx.piece("invoices")
+    n = 2 + ctx.extra_steps
+    overdue = []
+    for days in sorted(due.sample(range(3, 45), n), reverse=True):  # oldest first, as the answer lists them
+        inv = wb.add_invoice(acc, amount=wb.amount(400, 15000))
+        inv["due_date"] = (BASE - timedelta(days=days)).strftime("%Y-%m-%d")
+        overdue.append(inv)
+    # what is not overdue: open but not yet due, and paid although its due date has passed
+    later = wb.add_invoice(acc)
+    paid = wb.add_invoice(acc, status="paid")
+    paid["due_date"] = (BASE - timedelta(days=due.randint(3, 45))).strftime("%Y-%m-%d")
+    if ctx.flaw("conflict"):  # the generator recorded every invoice as paid: there is nothing overdue to find
+        for inv in overdue:
+            inv["status"] = "paid"
+    for i in range(ctx.near_duplicates):  # a sister company with overdue invoices of its own: the search finds both
+        sister = wb.add_account(name=f"{acc['name']} {BRANCHES[i]}")
+        late = wb.add_invoice(sister)
+        late["due_date"] = (BASE - timedelta(days=due.randint(3, 45))).strftime("%Y-%m-%d")
+    if ctx.flaw("collision"):  # a second account record with the very same name
+        wb.add_account(name=acc["name"])
+    settled = overdue[ctx.piece("payment").randrange(n)]
+    left = [inv for inv in overdue if inv is not settled]
+    ai = sorted(a["id"] for a in wb.state["crm.accounts"].values() if matches(acc["name"], a["name"], a["domain"])).index(acc["id"])
+    user1 = f"Which invoices of {acc['name']} are overdue, and for how much each?"
+    user2 = f"Finance just recorded a payment from {acc['name']}. Which of their invoices are still overdue? Just list those."
+    t1 = ProgramTurn(steps=[
+        Step(tool="crm_search_accounts", args={"query": acc["name"]}, bind={"a": f"{ai}.id"}),
+        Step(tool="crm_search_invoices", args={"account_id": V("a"), "status": "open"}),
+    ], reply=f"{acc['name']} has {n} overdue invoices:\n" + "\n".join(_line(inv) for inv in overdue))
+    t2 = ProgramTurn(steps=[
+        Step(tool="crm_search_invoices", args={"account_id": V("a"), "status": "open"}),
+    ], reply=f"Still overdue for {acc['name']}:\n" + "\n".join(_line(inv) for inv in left))
+    event = Event(tool="crm_update_invoice", actor="finance", args={"invoice_id": settled["id"], "status": "paid",
+                                                                    "note": "Payment received by bank transfer"})
+    numbers = [inv["number"] for inv in overdue]
+    items = [
+        ItemPlan("overdue_listed", f"The answer lists the overdue invoices {', '.join(numbers)} with their amounts, and no other invoice",
+                 CheckSpec("answer", {"turn": 0, "includes": numbers, "amounts": [inv["amount"] for inv in overdue], "currency": "USD",
+                                      "pairs": [[inv["number"], inv["amount"]] for inv in overdue],
+                                      "excludes": other_names(wb.state, "crm.invoices", "number", *numbers), "ids": id_shape(*numbers)},
+                           service="answer"), 2.0, turn=0, extra={"piece": "invoices"}),
+        ItemPlan("looked_up", f"The agent looked up {acc['name']}'s invoices before answering",
+                 CheckSpec("looked_up", {"turn": 0, "ids": [inv["id"] for inv in overdue]}, service="crm"), 1.0, turn=0,
+                 extra={"piece": "invoices"}),
+        ItemPlan("still_overdue", f"After the payment the answer lists {', '.join(i['number'] for i in left)} with their amounts, "
+                                  f"not the paid {settled['number']}",
+                 CheckSpec("answer", {"turn": 1, "includes": [i["number"] for i in left], "amounts": [i["amount"] for i in left], "currency": "USD",
+                                      "pairs": [[i["number"], i["amount"]] for i in left],
+                                      "excludes": other_names(wb.state, "crm.invoices", "number", *[i["number"] for i in left]),
+                                      "ids": id_shape(*[i["number"] for i in left])},
+                           service="answer"), 2.0, turn=1),
+        ItemPlan("looked_again", "The agent looked the invoices up again after the payment",
+                 CheckSpec("looked_up", {"turn": 1, "ids": [i["id"] for i in left]}, service="crm"), 1.0, turn=1),
+    ]
+    return Composition(
+        title=f"Tell which invoices of {acc['name']} are overdue", world=wb,
+        turns=[Turn(user=user1, answer=True), Turn(user=user2, events=[event], answer=True)],
+        reference=[t1, t2], items=items, targets={}, new_in=[],  # (the payment is the world's change, not the agent's)
+        mentions=[mention("crm.accounts", "name", acc["name"], "account")],
+        facts={"account_id": acc["id"], "overdue": [inv["id"] for inv in overdue], "settled": settled["id"]},
+    )
