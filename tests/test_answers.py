@@ -66,7 +66,7 @@ def test_an_answer_check_reads_its_own_turn_and_a_missing_reply_fails():
 
 
 def test_looked_up_wants_a_result_showing_the_records_in_that_turn():
-    code = source(CheckSpec("looked_up", {"turn": 1, "ids": ["inv_0a1b2", "inv_3c4d5"]}))
+    code = source(CheckSpec("looked_up", {"turn": 1, "shows": ["inv_0a1b2", "inv_3c4d5"]}))
     rows = [{"id": "inv_0a1b2", "status": "open"}, {"id": "inv_3c4d5", "status": "open"}]
     read = {"actor": "agent", "ok": True, "tool": "crm_search_invoices", "args": {}, "result": rows}
     assert _run(code, {"audit": [{**read, "turn": 0}, {**read, "turn": 1}]})
@@ -203,3 +203,42 @@ def test_a_diff_only_safety_check_is_caught_by_the_agent_making_the_worlds_chang
     assert cert.reference_pass and not cert.certified
     [d] = [d for d in cert.diagnostics if d.code == "mutation_survived"]
     assert d.detail["operator"] == "collateral_write" and "by finance itself" in d.message
+
+
+def test_a_policy_answer_rests_on_the_document_read_not_on_the_search(validator):
+    """Single turn, docs: the limit for the traveller's city in the current policy (not last year's, not the
+    draft), in its own currency. The search only led to the document; the read is what the answer rests on."""
+    outs = synthesize(EmbeddedBackend(), validator, CATALOG["travel_policy_question"], list(range(6)))
+    certified = [o.final for o in outs if o.accepted]
+    assert len(certified) == len(outs)
+    for a in certified:
+        spec, cert = a.draft.spec, a.certification
+        assert [t.answer for t in spec.turns] == [True]
+        assert [m["description"] for m in cert.mutants if m["operator"] == "missing_step"] == ["skip docs_read in turn 0"]
+        ops = {m["operator"] for m in cert.mutants}
+        assert {"null", "empty_message", "misstated_value", "wrong_value", "extra_destructive_write"} <= ops
+        assert cert.equivalent_pass and all(m["killed"] for m in cert.mutants)
+    spec = certified[0].draft.spec
+    f = spec.facts
+    superseded = next(d for d in spec.world["docs.documents"].values() if "superseded" in d["title"])
+    old = next(int(line.split()[-2]) for line in superseded["content"].split("\n") if line.startswith(f"- {f['city']}:"))
+    code = next(r.code for r in spec.rubric if r.id == "limit_given")
+    cur = f["currency"]
+    assert _run(code, {"replies": [f"The limit in {f['city']} is {f['limit']:,.2f} {cur} per night."]})
+    assert _run(code, {"replies": [f"{f['city']}: {cur} {f['limit']} a night (it was {old} {cur} last year)."]})
+    assert not _run(code, {"replies": [f"The limit in {f['city']} is {old:.2f} {cur} per night."]})  # last year's figure
+    other = "EUR" if cur != "EUR" else "GBP"
+    assert not _run(code, {"replies": [f"The limit in {f['city']} is {f['limit']:.2f} {other} per night."]})  # another currency
+
+
+def test_an_answer_stating_a_figure_nothing_showed_is_ungrounded(validator, certified):
+    """The reference is the teacher's demonstration: an answer whose figure appears in no result it read (the
+    policy left the city out, the invoice's amount misremembered) teaches the student to make figures up."""
+    spec, _cert = certified[0]
+    said = spec.reference[0].reply
+    wrong = said.replace(said.split(": ", 2)[1].split(" USD")[0], "1234.56", 1)
+    assert wrong != said
+    bad = spec.model_copy(update={"reference": [spec.reference[0].model_copy(update={"reply": wrong})] + list(spec.reference[1:])})
+    cert = validator.certify(_planted(bad))
+    ungrounded = [d for d in cert.diagnostics if d.code == "reference_ungrounded"]
+    assert not cert.certified and [d.detail["value"] for d in ungrounded] == ["1234.56"], cert.diagnostics

@@ -604,12 +604,13 @@ def _pairs_test(text: str, p: dict[str, Any]) -> str:
 
 
 def _looked_up(p: dict[str, Any], strict: bool) -> str:
-    """In turn ``turn`` the agent read what shows each of ``ids`` (a successful call whose result holds the id):
-    an answer comes from records looked up in that turn, after the turn's world events, not from memory or a guess."""
+    """In turn ``turn`` the agent read what shows each of ``shows`` (a successful call whose result holds it: a record
+    id, or a phrase of a document the answer quotes): an answer comes from what was looked up in that turn, after the
+    turn's world events, not from memory or a guess."""
     turn = int(p["turn"])
     if not strict:  # lax: "it called some tool in that turn"
         return f"""return any(e["actor"] == "agent" and e["turn"] == {turn} for e in ev["audit"])"""
-    return f"""want = {"|".join(p["ids"])!r}.split("|")
+    return f"""want = {"|".join(p["shows"])!r}.split("|")
 seen = " ".join([str(e.get("result")) for e in ev["audit"] if e["actor"] == "agent" and e["ok"] and e["turn"] == {turn}])
 return all(i in seen for i in want)"""
 

@@ -262,7 +262,7 @@ def repair_knobs(draft: Draft, diagnostics: list[Diagnostic]) -> tuple[dict[str,
                 fixed.add("collision")
                 resample["world"] = resample.get("world", 0) + 1
                 changes.append(f"re-sampled the world: {d.message}")
-        elif d.code in ("reference_failed", "reference_incomplete", "fault_fragile"):
+        elif d.code in ("reference_failed", "reference_incomplete", "fault_fragile", "reference_ungrounded"):
             # The world may contradict the task (re-sample the piece) or the failing item's checker may be
             # wrong for a correct solution (regenerate that service's checks): do both.
             item_svc = ((draft.spec.facts.get("checks", {}) if draft.spec else {}).get(d.item or "", {}) or {}).get("service")

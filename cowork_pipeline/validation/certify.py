@@ -24,7 +24,7 @@ from cowork_pipeline.services import REGISTRY, FaultConfig, Workspace
 from cowork_pipeline.spec import EnvironmentSpec
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.validation.grader import Grade, grade_many
-from cowork_pipeline.validation.mutations import OPERATORS, Mutant, equivalent, executed_program, mutants
+from cowork_pipeline.validation.mutations import _MONEY, OPERATORS, Mutant, equivalent, executed_program, mutants
 
 CHECKER_ERRORS = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
                   "memory": "checker_memory"}
@@ -195,6 +195,14 @@ def ungrounded(spec: EnvironmentSpec, traj: Trajectory) -> list[tuple[int, str, 
             turn += m["role"] == "user"
             seen.append(str(m.get("content") or "").lower())
     out: list[tuple[int, str, str]] = []
+    # an answer's figures too: the limit, the amount owed must come from what was read (8350.0 or "300 SGD" in a result)
+    asked = {i for i, t in enumerate(spec.turns) if t.answer}
+    for t, act, text, n_seen in written:
+        if act == "reply" and t in asked:
+            for m in _MONEY.finditer(text):
+                shown = re.compile(r"(?<![\w.])" + m.group(1) + r"(?:[.]0+)?(?![\d])")
+                if not any(shown.search(s.replace(",", "")) for s in seen[:n_seen]):
+                    out.append((t, act, m.group(0)))
     everything = " ".join(w[2] for w in written)
     for v in sorted(x for x in values if x in everything):  # (most values are never written: one pass over them)
         for t, act, text, n_seen in written:

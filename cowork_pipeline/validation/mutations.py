@@ -256,7 +256,7 @@ def _emptied(s: Step) -> tuple[dict[str, Any], str] | None:
 
 
 _MONEY = re.compile(r"(?<![\w.,])(\d+)\.(\d{2})(?![\w.,]|\.\d)")
-_CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD)\b")
+_CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD|SGD)\b")
 _CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):([0-5]\d)(?![\w:])")
 _ISO_DATE = re.compile(r"(?<![\w-])(\d{4}-\d{2}-\d{2})(?![\w-])")
 
@@ -490,14 +490,17 @@ def _answer_sources(env: EnvironmentSpec, traj: Trajectory, base: list[list[Step
     for ti in _asked(env, base):
         said = env.reference[ti].reply
         told = env.turns[ti].user.lower()
-        named = [v.lower() for values in _name_index(env, said.lower()) for v in values if _named(said, v) and v.lower() not in told]
+        named = [re.escape(v.lower()) for values in _name_index(env, said.lower()) for v in values if _named(said, v) and v.lower() not in told]
+        # the figures it states, as a record or a document holds them (8350.0, "300 SGD"), not inside an id (doc_a300b)
+        named += [r"(?<![\w.])" + m.group(1) + r"(?![\d])" for m in _MONEY.finditer(said)]
         results = [e.get("result") for e in traj.audit if e["actor"] == "agent" and e["ok"] and e["turn"] == ti]
         if not named or len(results) != len(base[ti]):
             continue
-        for si, (s, r) in enumerate(zip(base[ti], results)):
-            shown = str(r).lower()
-            if not _effectful(s) and any(v in shown for v in named):
-                out.append((ti, si, s))
+        shown = [str(r).lower() if not _effectful(s) else "" for s, r in zip(base[ti], results)]
+        # a look-up is what the answer rests on when it alone shows something the answer says (the search that
+        # only led to the document it read shows nothing the document does not)
+        alone = {i for v in named for hits in [[i for i, t in enumerate(shown) if re.search(v, t)]] if len(hits) == 1 for i in hits}
+        out.extend((ti, si, base[ti][si]) for si in sorted(alone))
     return out
 
 
@@ -586,15 +589,18 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
                 what.add("every read-only call made twice")
         turns.append(steps)
     answers: dict[int, str] = {}
-    for ti in _asked(env, base):  # an answer's amounts as $1,234.00, its list in reverse order
-        text = _MONEY.sub(lambda m: f"${int(m.group(1)):,}.{m.group(2)}", env.reference[ti].reply)
+    for ti in _asked(env, base):  # an answer's amounts as $1,234.00 (1,234.00 in another currency), its list in reverse order
+        said = env.reference[ti].reply
+        codes = re.findall(r"\d[.]\d{2} ?([A-Z]{3})\b", said)
+        sign = "$" if codes and set(codes) == {"USD"} else ""
+        text = _MONEY.sub(lambda m: f"{sign}{int(m.group(1)):,}.{m.group(2)}", said)
         lines = text.split("\n")
         items = [i for i, line in enumerate(lines) if line.lstrip().startswith(("- ", "* "))]
         for i, j in zip(items, reversed(items)):
             lines[i] = text.split("\n")[j]
         if "\n".join(lines) != env.reference[ti].reply:
             answers[ti] = "\n".join(lines)
-            what.add("answers' amounts written as $1,234.00 and their lists in reverse order")
+            what.add("answers' amounts written as $1,234.00 or 1,234.00 and their lists in reverse order")
     if not what:
         return None
     return Mutant("equivalent", "the reference done another correct way: " + ", ".join(sorted(what)), _program(env, turns, answers))

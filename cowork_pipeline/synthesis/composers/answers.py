@@ -63,7 +63,7 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
                                       "excludes": other_names(wb.state, "crm.invoices", "number", *numbers), "ids": id_shape(*numbers)},
                            service="answer"), 2.0, turn=0, extra={"piece": "invoices"}),
         ItemPlan("looked_up", f"The agent looked up {acc['name']}'s invoices before answering",
-                 CheckSpec("looked_up", {"turn": 0, "ids": [inv["id"] for inv in overdue]}, service="crm"), 1.0, turn=0,
+                 CheckSpec("looked_up", {"turn": 0, "shows": [inv["id"] for inv in overdue]}, service="crm"), 1.0, turn=0,
                  extra={"piece": "invoices"}),
         ItemPlan("still_overdue", f"After the payment the answer lists {', '.join(i['number'] for i in left)} with their amounts, "
                                   f"not the paid {settled['number']}",
@@ -73,7 +73,7 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
                                       "ids": id_shape(*[i["number"] for i in left])},
                            service="answer"), 2.0, turn=1),
         ItemPlan("looked_again", "The agent looked the invoices up again after the payment",
-                 CheckSpec("looked_up", {"turn": 1, "ids": [i["id"] for i in left]}, service="crm"), 1.0, turn=1),
+                 CheckSpec("looked_up", {"turn": 1, "shows": [i["id"] for i in left]}, service="crm"), 1.0, turn=1),
     ]
     return Composition(
         title=f"Tell which invoices of {acc['name']} are overdue", world=wb,
@@ -82,3 +82,59 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
         mentions=[mention("crm.accounts", "name", acc["name"], "account")],
         facts={"account_id": acc["id"], "overdue": [inv["id"] for inv in overdue], "settled": settled["id"]},
     )
+
+
+CITIES = [("Berlin", "EUR", 180), ("Paris", "EUR", 240), ("London", "GBP", 210), ("New York", "USD", 320), ("Zurich", "CHF", 260),
+          ("Singapore", "SGD", 300), ("Madrid", "EUR", 160), ("Toronto", "CAD", 250)]
+
+
+def _limits(rows: list[tuple[str, str, int]], delta: int) -> str:
+    return "\n".join(f"- {city}: {amount + delta} {cur}" for city, cur, amount in rows)
+
+
+@composer("travel_policy_question")
+def travel_policy_question(ctx: Ctx) -> Composition:
+    wb = ctx.world("People")
+    folder = wb.add_folder("Policies")
+    pick = ctx.piece("city")
+    rows = pick.sample(CITIES, 5)
+    city, cur, amount = rows[0]
+    rows = sorted(rows)  # the document lists its cities alphabetically
+    bump = pick.choice([10, 20, 30])
+    title = "Travel policy 2026"
+    doc = wb.add_doc(folder, title, "Applies from 2026-01-01. Book through the travel desk.\nHotel limit per night, taxes included:\n"
+                     + _limits(rows, 0) + "\nAbove the limit, your manager approves before booking.")
+    # last year's policy, and next year's draft: the same cities at other limits (a search for the policy finds all three)
+    wb.add_doc(folder, "Travel policy 2025 (superseded)", "Superseded by the 2026 policy.\nHotel limit per night:\n" + _limits(rows, -bump))
+    for _ in range(ctx.near_duplicates):
+        wb.add_doc(folder, "Travel policy 2027 draft", "Draft, not in force.\nHotel limit per night:\n" + _limits(rows, bump))
+    if ctx.flaw("collision"):  # a second document with the very same title
+        wb.add_doc(wb.add_folder("Archive"), title, "Old copy.\nHotel limit per night:\n" + _limits(rows, -bump))
+    if ctx.flaw("conflict"):  # the generator left the traveller's city out of the policy
+        doc["content"] = doc["content"].replace(f"- {city}: {amount} {cur}\n", "")
+    di = _doc_pos(wb, doc["id"], "travel policy")
+    user = f"I'm travelling to {city} next month. What is the hotel limit per night under our current travel policy?"
+    ref = [ProgramTurn(steps=[
+        Step(tool="docs_search", args={"query": "travel policy"}, bind={"d": f"{di}.id"}),
+        Step(tool="docs_read", args={"doc_id": V("d")}),
+    ], reply=f"Under the {title}, the hotel limit in {city} is {amount:.2f} {cur} per night, taxes included; above it your "
+             f"manager approves before booking.")]
+    items = [
+        ItemPlan("limit_given", f"The answer gives the {city} limit of the current policy: {amount} {cur} per night",
+                 CheckSpec("answer", {"turn": 0, "includes": [], "amounts": [amount], "currency": cur}, service="answer"), 2.0, turn=0,
+                 extra={"piece": "city"}),
+        ItemPlan("policy_read", f"The agent read the current policy ({title}) before answering",
+                 CheckSpec("looked_up", {"turn": 0, "shows": [doc["id"], f"- {city}: {amount} {cur}"]}, service="docs"), 1.0, turn=0,
+                 extra={"piece": "city"}),
+    ]
+    return Composition(
+        title=f"Tell the hotel limit for {city}", world=wb, turns=[Turn(user=user, answer=True)], reference=ref, items=items,
+        targets={}, new_in=[], mentions=[mention("docs.documents", "title", title, "policy")],
+        facts={"doc_id": doc["id"], "city": city, "limit": amount, "currency": cur},
+    )
+
+
+def _doc_pos(wb, doc_id: str, query: str) -> int:
+    """Where the document lands among a docs search's results (the service's filter and order)."""
+    rows = sorted(r["id"] for r in wb.state["docs.documents"].values() if matches(query, r["title"], r["content"]) or r["id"] == doc_id)
+    return rows.index(doc_id)
