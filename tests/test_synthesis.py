@@ -2297,6 +2297,29 @@ def op_answer_totals_only(spec, turns, ref):
             yield f"turn {ti}: total only", _answered(spec, turns, ti, f"{len(amounts)} invoices, {sum(amounts):.2f} USD in all.")
 
 
+_ISO = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+
+
+def _day_in_words(m: re.Match[str], shift: int = 0) -> str:
+    d = datetime(int(m.group(1)), int(m.group(2)), int(m.group(3))) + timedelta(days=shift)
+    return f"{d.day} {d:%B} {d.year}"
+
+
+def op_answer_date_off_in_words(spec, turns, ref):
+    """An answer's first date a day later, written in words ("22 January 2026" for 2026-01-21)."""
+    for ti, text in _answers(spec):
+        m = _ISO.search(text)
+        if m:
+            yield f"turn {ti}: {m.group(0)} -> a day later in words", _answered(spec, turns, ti, text[:m.start()] + _day_in_words(m, 1) + text[m.end():])
+
+
+def ctl_answer_dates_in_words(spec, turns, ref):
+    """CONTROL: an answer's dates in words ("21 January 2026"). Must still pass."""
+    for ti, text in _answers(spec):
+        if _ISO.search(text):
+            yield f"turn {ti}: dates in words", _answered(spec, turns, ti, _ISO.sub(_day_in_words, text))
+
+
 def ctl_answer_in_one_sentence(spec, turns, ref):
     """CONTROL: an answer's list written as one sentence ("INV-1 (8350.00 USD, due ...), INV-2 (...) and ..."). Must still pass."""
     for ti, text in _answers(spec):
@@ -2347,7 +2370,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "choice_swapped": op_choice_swapped, "year_off": op_year_off, "mailed_to_myself": op_mailed_to_myself,
              "answer_off_by_a_cent": op_answer_off_by_a_cent, "answer_rounded": op_answer_rounded,
              "answer_with_an_extra_record": op_answer_with_an_extra_record, "answer_without_looking": op_answer_without_looking,
-             "answer_totals_only": op_answer_totals_only,
+             "answer_totals_only": op_answer_totals_only, "answer_date_off_in_words": op_answer_date_off_in_words,
+             "answer_dates_in_words (control)": ctl_answer_dates_in_words,
              "answer_in_one_sentence (control)": ctl_answer_in_one_sentence, "answer_as_a_table (control)": ctl_answer_as_a_table,
              "answer_with_a_total (control)": ctl_answer_with_a_total,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,

@@ -165,6 +165,28 @@ def _paired(text, pairs):
             return False
     return True
 
+def _dated(text, pairs):
+    import re
+    months = "jan feb mar apr may jun jul aug sep oct nov dec".split()
+    names = [pair.split("=")[0].lower() for pair in pairs.split("|")]
+    for part in re.split("\\n|;|[.!?](?: |$)", str(text).lower()):
+        # each record's stretch: from its name to the next record's name (the dates after a name are its own)
+        spots = sorted((m.start(), n) for n in names for m in re.finditer("(?<![0-9a-z])" + re.escape(n) + "(?![0-9a-z])", part))
+        for k, (start, name) in enumerate(spots):
+            iso = pairs.split("|")[names.index(name)].split("=")[1]
+            want = (int(iso[5:7]), int(iso[8:10]))
+            stretch = part[start:spots[k + 1][0] if k + 1 < len(spots) else len(part)]
+            for m in re.finditer("(?<![0-9])[0-9]{4}-([0-9]{2})-([0-9]{2})(?![0-9])", stretch):
+                if (int(m.group(1)), int(m.group(2))) != want or m.group(0)[:4] != iso[:4]:
+                    return False
+            for m in re.finditer("(?<![a-z])(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*[.]?[ ]+([0-9]{1,2})(?![0-9])", stretch):
+                if (months.index(m.group(1)) + 1, int(m.group(2))) != want:
+                    return False
+            for m in re.finditer("(?<![0-9.:])([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", stretch):
+                if (months.index(m.group(2)) + 1, int(m.group(1))) != want:
+                    return False
+    return True
+
 def _figures(s):
     t = " ".join(str(s).lower().replace(",", " ").split())
     return t.replace("per cent", "%").replace("percent", "%").replace(" %", "%")
@@ -575,7 +597,8 @@ return _has(replies[{turn}], {p['includes']!r})"""
 def _answer(p: dict[str, Any], strict: bool) -> str:
     """The agent's final reply of turn ``turn``, where the user asked a question, gives the answer: it includes
     ``includes``, says each group of ``says``, states ``amounts`` (any notation, no other currency) and ``when``,
-    each of ``pairs`` (a record and its amount) in one line or sentence, names none of ``excludes`` and no identifier of ``ids``' shape but the right ones, and misstates nothing
+    each of ``pairs`` (a record and its amount) in one line or sentence, no date after a record of ``dates`` but its
+    own (the invoice's due date, in any usual notation), names none of ``excludes`` and no identifier of ``ids``' shape but the right ones, and misstates nothing
     (no hedge, no weekday against its date): the tests of a sent message, on the reply."""
     turn = int(p["turn"])
     if not strict:  # lax: "it replied something" (a typical generated-checker mistake)
@@ -600,7 +623,10 @@ def _pairs_test(text: str, p: dict[str, Any]) -> str:
     if not p.get("pairs"):
         return ""
     joined = "|".join(f"{n}={_fmt_amount(a)}" for n, a in p["pairs"])
-    return f"    if not _paired({text}, {joined!r}):\n        continue"
+    out = f"    if not _paired({text}, {joined!r}):\n        continue"
+    if p.get("dates"):  # a date stated after a record's name is that record's ([name, YYYY-MM-DD])
+        out += f"\n    if not _dated({text}, {'|'.join(f'{n}={d}' for n, d in p['dates'])!r}):\n        continue"
+    return out
 
 
 def _looked_up(p: dict[str, Any], strict: bool) -> str:

@@ -532,6 +532,13 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
             v = float(m.group(0))
             other = f"{v + 100 if v < 1000 else round(v * 1.1, -1):.2f}"
             out.append(answered("wrong_value", ti, said[ti][:m.start()] + other + said[ti][m.end():], f"{m.group(0)} -> {other}"))
+        d = _ISO_DATE.search(said[ti])
+        if d is not None:
+            try:
+                later = (datetime.fromisoformat(d.group(1)) + timedelta(days=1)).date().isoformat()
+                out.append(answered("wrong_value", ti, said[ti][:d.start(1)] + later + said[ti][d.end(1):], f"{d.group(1)} -> {later}"))
+            except ValueError:  # not a calendar date after all
+                pass
         lines = _record_lines(said[ti], index)
         split = said[ti].split("\n")
         money = [(i, ms[0]) for i in lines for ms in [list(_MONEY.finditer(split[i]))] if len(ms) == 1]
@@ -594,16 +601,26 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
         codes = re.findall(r"\d[.]\d{2} ?([A-Z]{3})\b", said)
         sign = "$" if codes and set(codes) == {"USD"} else ""
         text = _MONEY.sub(lambda m: f"{sign}{int(m.group(1)):,}.{m.group(2)}", said)
+        text = _ISO_DATE.sub(lambda m: _in_words(m.group(1)), text)
         lines = text.split("\n")
         items = [i for i, line in enumerate(lines) if line.lstrip().startswith(("- ", "* "))]
         for i, j in zip(items, reversed(items)):
             lines[i] = text.split("\n")[j]
         if "\n".join(lines) != env.reference[ti].reply:
             answers[ti] = "\n".join(lines)
-            what.add("answers' amounts written as $1,234.00 or 1,234.00 and their lists in reverse order")
+            what.add("answers' amounts written as $1,234.00 or 1,234.00, dates in words and lists in reverse order")
     if not what:
         return None
     return Mutant("equivalent", "the reference done another correct way: " + ", ".join(sorted(what)), _program(env, turns, answers))
+
+
+def _in_words(iso: str) -> str:
+    """2026-01-21 as "January 21, 2026" (an unparsable value is left as it is)."""
+    try:
+        d = datetime.fromisoformat(iso)
+    except ValueError:
+        return iso
+    return f"{d:%B} {d.day}, {d.year}"
 
 
 def _touched(base: list[list[Step]]) -> set[str]:
