@@ -248,3 +248,15 @@ def test_an_answer_stating_a_figure_nothing_showed_is_ungrounded(validator, cert
     cert = validator.certify(_planted(bad))
     ungrounded = [d for d in cert.diagnostics if d.code == "reference_ungrounded"]
     assert not cert.certified and [d.detail["value"] for d in ungrounded] == ["1234.56"], cert.diagnostics
+
+
+def test_only_records_a_world_event_changes_are_closed_to_the_agent():
+    """Finance's payment changes the invoice: the agent may not write to it. A chat message delivered to a channel
+    changes no channel record: the agent may still post there (onboarding_plan's heads-up arrives in one)."""
+    backend = EmbeddedBackend()
+    spec = backend.draft(CATALOG[CID], 0).spec
+    assert spec.facts["checks"]["safety_0_no_unrelated_changes"]["params"]["world_only"] == [spec.facts["settled"]]
+    onboarding = backend.draft(CATALOG["onboarding_plan"], 0).spec
+    assert any(e.tool == "chat_deliver" for t in onboarding.turns for e in t.events)
+    params = next(c["params"] for c in onboarding.facts["checks"].values() if c["kind"] == "no_unrelated_changes")
+    assert "world_only" not in params

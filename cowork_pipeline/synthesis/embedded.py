@@ -209,13 +209,13 @@ def _unrelated_changes_params(comp: Composition, spec: EnvironmentSpec) -> dict[
     params: dict[str, Any] = {"allowed_changes": changes, "allowed_new": new}
     # A record a world event changes (finance records a payment) changes in the final state whatever the agent
     # does, so the diff cannot tell the agent's write from the world's: the agent may not write to it at all.
+    # (only records the event changes: a message delivered to a channel leaves the channel record as it was)
     mine = {rid for ids in comp.targets.values() for rid in ids}
+    changed = {rid: coll for coll, recs in fields.items() for rid in recs}
     world_only = sorted({v for t in spec.turns for e in t.events for k, v in e.args.items()
-                         if k.endswith("_id") and isinstance(v, str) and v not in mine})
+                         if k.endswith("_id") and isinstance(v, str) and v not in mine and v in changed})
     for rid in world_only:
-        coll = next((c for c, recs in spec.world.items() if isinstance(recs, dict) and rid in recs), None)
-        if coll is not None:
-            changes.setdefault(coll, {})[rid] = fields.get(coll, {}).get(rid, [])
+        changes.setdefault(changed[rid], {})[rid] = fields[changed[rid]][rid]
     if world_only:
         params["world_only"] = world_only
         params["writers"] = sorted(t for t in spec.tools if t in REGISTRY and REGISTRY[t].mutates and not t.endswith("_read"))
