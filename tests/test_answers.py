@@ -35,7 +35,7 @@ def _run(code: str, ev: dict[str, Any]) -> bool:
 
 ANSWER_CHECK = source(CheckSpec("answer", {"turn": 0, "includes": ["INV-2286", "INV-9526"], "amounts": [8350.0, 2100.0], "currency": "USD",
                                            "pairs": [["INV-2286", 8350.0], ["INV-9526", 2100.0]], "excludes": ["INV-7773"],
-                                           "dates": [["INV-2286", "2026-01-21"], ["INV-9526", "2026-02-15"]],
+                                           "dates": [["INV-2286", "2026-01-21"], ["INV-9526", "2026-02-15"]], "count": [2, "invoice"],
                                            "ids": {"shape": "inv-[0-9]+", "right": ["inv-2286", "inv-9526"]}}))
 RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 USD, due 2026-02-15"
 
@@ -57,6 +57,10 @@ RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 
     (RIGHT.replace("2026-01-21", "January 22"), False),
     ("INV-2286 (8,350.00 USD, due Jan 21) and INV-9526 (2,100.00 USD, due Feb 15) are overdue.", True),
     ("INV-2286 (8,350.00 USD, due Feb 15) and INV-9526 (2,100.00 USD, due Jan 21) are overdue.", False),  # dates swapped
+    (RIGHT.replace("Overdue:", "Two invoices are overdue:"), True),  # a count, right, in words
+    (RIGHT.replace("Overdue:", "Globex has 2 overdue invoices:"), True),
+    (RIGHT.replace("Overdue:", "Globex has 3 overdue invoices:"), False),  # the list is right, the count is not
+    (RIGHT.replace("Overdue:", "One invoice is overdue:"), False),
 ])
 def test_an_answer_is_graded_like_a_message(reply, ok):
     assert _run(ANSWER_CHECK, {"replies": [reply]}) is ok

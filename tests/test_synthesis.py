@@ -2313,6 +2313,26 @@ def op_answer_date_off_in_words(spec, turns, ref):
             yield f"turn {ti}: {m.group(0)} -> a day later in words", _answered(spec, turns, ti, text[:m.start()] + _day_in_words(m, 1) + text[m.end():])
 
 
+_NUMBER_WORDS = "zero one two three four five six seven eight nine ten".split()
+_COUNTED = re.compile(r"\b(\d) ((?:[a-z]+ )?invoices)\b")
+
+
+def op_answer_count_off(spec, turns, ref):
+    """An answer that lists the right invoices but counts one fewer, in words ("has two overdue invoices" for 3)."""
+    for ti, text in _answers(spec):
+        m = _COUNTED.search(text)
+        if m and int(m.group(1)) > 1:
+            yield f"turn {ti}: {m.group(0)!r} counted one fewer", _answered(spec, turns, ti, text[:m.start()] + f"{_NUMBER_WORDS[int(m.group(1)) - 1]} {m.group(2)}" + text[m.end():])
+
+
+def ctl_answer_count_in_words(spec, turns, ref):
+    """CONTROL: an answer's count in words ("has three overdue invoices"). Must still pass."""
+    for ti, text in _answers(spec):
+        m = _COUNTED.search(text)
+        if m:
+            yield f"turn {ti}: count in words", _answered(spec, turns, ti, text[:m.start()] + f"{_NUMBER_WORDS[int(m.group(1))]} {m.group(2)}" + text[m.end():])
+
+
 def ctl_answer_dates_in_words(spec, turns, ref):
     """CONTROL: an answer's dates in words ("21 January 2026"). Must still pass."""
     for ti, text in _answers(spec):
@@ -2371,7 +2391,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_off_by_a_cent": op_answer_off_by_a_cent, "answer_rounded": op_answer_rounded,
              "answer_with_an_extra_record": op_answer_with_an_extra_record, "answer_without_looking": op_answer_without_looking,
              "answer_totals_only": op_answer_totals_only, "answer_date_off_in_words": op_answer_date_off_in_words,
-             "answer_dates_in_words (control)": ctl_answer_dates_in_words,
+             "answer_dates_in_words (control)": ctl_answer_dates_in_words, "answer_count_off": op_answer_count_off,
+             "answer_count_in_words (control)": ctl_answer_count_in_words,
              "answer_in_one_sentence (control)": ctl_answer_in_one_sentence, "answer_as_a_table (control)": ctl_answer_as_a_table,
              "answer_with_a_total (control)": ctl_answer_with_a_total,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,

@@ -187,6 +187,18 @@ def _dated(text, pairs):
                     return False
     return True
 
+def _counted(text, n, noun):
+    import re
+    words = "zero one two three four five six seven eight nine ten eleven twelve".split()
+    t = " ".join(str(text).lower().split())
+    if noun not in t:  # the noun is never used (most answers): no regex
+        return True
+    for m in re.finditer("(?<![0-9a-z.,$-])([0-9]+|" + "|".join(words) + ")[ ]+(?:[a-z]+[ ]+)?" + noun + "s?(?![a-z])", t):
+        said = m.group(1)
+        if (words.index(said) if said in words else int(said)) != int(n):
+            return False
+    return True
+
 def _figures(s):
     t = " ".join(str(s).lower().replace(",", " ").split())
     return t.replace("per cent", "%").replace("percent", "%").replace(" %", "%")
@@ -598,7 +610,7 @@ def _answer(p: dict[str, Any], strict: bool) -> str:
     """The agent's final reply of turn ``turn``, where the user asked a question, gives the answer: it includes
     ``includes``, says each group of ``says``, states ``amounts`` (any notation, no other currency) and ``when``,
     each of ``pairs`` (a record and its amount) in one line or sentence, no date after a record of ``dates`` but its
-    own (the invoice's due date, in any usual notation), names none of ``excludes`` and no identifier of ``ids``' shape but the right ones, and misstates nothing
+    own (the invoice's due date, in any usual notation), no count of ``count``'s noun but its number, names none of ``excludes`` and no identifier of ``ids``' shape but the right ones, and misstates nothing
     (no hedge, no weekday against its date): the tests of a sent message, on the reply."""
     turn = int(p["turn"])
     if not strict:  # lax: "it replied something" (a typical generated-checker mistake)
@@ -613,8 +625,18 @@ return len(replies) > {turn} and bool(replies[{turn}])"""
 {_amounts_test('text', p)}
 {_when_test('text', p)}
 {_pairs_test('text', p)}
+{_count_test('text', p)}
     return True
 return False"""
+
+
+def _count_test(text: str, p: dict[str, Any]) -> str:
+    """A loop-body guard: with ``count`` ([n, noun]), every count the text gives of that noun is n ("has 3 overdue
+    invoices", "two invoices"); a text that gives none passes (the user did not ask how many)."""
+    if not p.get("count"):
+        return ""
+    n, noun = p["count"]
+    return f"    if not _counted({text}, {str(n)!r}, {noun.lower()!r}):\n        continue"
 
 
 def _pairs_test(text: str, p: dict[str, Any]) -> str:

@@ -509,6 +509,10 @@ def _record_lines(text: str, index: list[list[str]]) -> list[int]:
     return [i for i, line in enumerate(text.split("\n")) if any(_named(line, v) for values in index for v in values if v.lower() in line.lower())]
 
 
+# A count of things in an answer: "3 overdue invoices", "2 tickets" (a number before a plural noun, not an amount)
+_COUNT = re.compile(r"(?<![\w.,$-])(\d{1,2}) (?:[a-z]+ )?[a-z]+s\b")
+
+
 def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[list[str]]) -> list[Mutant]:
     """The answers of the turns where the user asked a question, mutated as the reader of a sent message would be
     misled: nothing said, a value misstated or changed, another record named, a part left out, and a later turn
@@ -532,6 +536,10 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
             v = float(m.group(0))
             other = f"{v + 100 if v < 1000 else round(v * 1.1, -1):.2f}"
             out.append(answered("wrong_value", ti, said[ti][:m.start()] + other + said[ti][m.end():], f"{m.group(0)} -> {other}"))
+        c = _COUNT.search(said[ti])
+        if c is not None:  # "has 3 overdue invoices" -> "has 4 overdue invoices"
+            more = str(int(c.group(1)) + 1)
+            out.append(answered("wrong_value", ti, said[ti][:c.start(1)] + more + said[ti][c.end(1):], f"{c.group(0)!r}: {c.group(1)} -> {more}"))
         d = _ISO_DATE.search(said[ti])
         if d is not None:
             try:
