@@ -12,3 +12,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def sb():
+    """A one-worker checker sandbox for the module."""
+    from cowork_pipeline.validation.sandbox import Sandbox
+
+    with Sandbox(workers=1) as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def validator(sb):
+    from cowork_pipeline.validation.certify import Validator
+
+    return Validator(sb)

@@ -18,10 +18,9 @@ from cowork_pipeline.synthesis.checks import CheckSpec, source
 from cowork_pipeline.synthesis.draft import Draft
 from cowork_pipeline.synthesis.embedded import EmbeddedBackend
 from cowork_pipeline.synthesis.repair import synthesize
-from cowork_pipeline.validation.certify import Certification, Validator
+from cowork_pipeline.validation.certify import Certification
 from cowork_pipeline.validation.grader import grade_many
 from cowork_pipeline.validation.mutations import ANSWER, executed_program, mutants
-from cowork_pipeline.validation.sandbox import Sandbox
 
 CATALOG = load_catalog()
 CID = "overdue_invoices_question"
@@ -83,17 +82,6 @@ def test_looked_up_wants_a_result_showing_the_records_in_that_turn():
     assert not _run(code, {"audit": [{**read, "turn": 0}]})  # read before the world changed only
     assert not _run(code, {"audit": [{**read, "turn": 1, "result": rows[:1]}]})  # only one of them shown
     assert not _run(code, {"audit": [{**read, "turn": 1, "actor": "finance"}]})  # somebody else's read
-
-
-@pytest.fixture(scope="module")
-def sb():
-    with Sandbox(workers=1) as box:
-        yield box
-
-
-@pytest.fixture(scope="module")
-def validator(sb):
-    return Validator(sb)
 
 
 @pytest.fixture(scope="module")

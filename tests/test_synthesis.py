@@ -46,18 +46,7 @@ SEEDS = (0, 1, 2)  # per capability: 17 x 3 = 51 environments
 MIN_CERTIFIED = 0.8
 
 
-# ---- shared fixtures ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sb():
-    with Sandbox(workers=1) as box:
-        yield box
-
-
-@pytest.fixture(scope="module")
-def validator(sb):
-    return Validator(sb)
-
-
+# ---- shared fixtures (sb, validator: conftest.py) -------------------------------------------------
 @pytest.fixture(scope="module")
 def backend():
     return EmbeddedBackend()

@@ -439,6 +439,12 @@ def _when_test(text: str, p: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _message_tests(text: str, p: dict[str, Any]) -> str:
+    """The loop-body guards every message check runs on its text: what it says, what it must not name, no
+    misstatement, its amounts and its date and time."""
+    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _amounts_test(text, p), _when_test(text, p)])
+
+
 def _mail_sent(p: dict[str, Any], strict: bool) -> str:
     """A sent email to (at least) ``to`` that says what it must (``includes``, ``says``, ``amounts``, ``when``),
     names no other record (``excludes``, ``ids``) and misstates nothing. With ``others`` ("|"-joined first names,
@@ -458,11 +464,7 @@ for m in _sent(ev):
 {"    if not _asks(m['body']):" + chr(10) + "        continue" if p.get("asks") else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
-{_says_test('m["subject"] + " " + m["body"]', p)}
-{_excludes_test('m["subject"] + " " + m["body"]', p)}
-{_misstates_test('m["subject"] + " " + m["body"]', p)}
-{_amounts_test('m["subject"] + " " + m["body"]', p)}
-{_when_test('m["subject"] + " " + m["body"]', p)}
+{_message_tests('m["subject"] + " " + m["body"]', p)}
     return True
 return False"""
 
@@ -544,11 +546,7 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
     return f"""for m in _new(ev, "chat.messages"):
     if m["channel_id"] != {p['channel_id']!r} or m["author"] != ev["profile"].get("email") or not _has(m["text"], {p.get('includes', [])!r}):
         continue
-{_says_test('m["text"]', p)}
-{_excludes_test('m["text"]', p)}
-{_misstates_test('m["text"]', p)}
-{_amounts_test('m["text"]', p)}
-{_when_test('m["text"]', p)}
+{_message_tests('m["text"]', p)}
     return True
 return False"""
 
@@ -619,11 +617,7 @@ return len(replies) > {turn} and bool(replies[{turn}])"""
     return f"""for text in ev["replies"][{turn}:{turn + 1}]:
     if not text or not _has(text, {p.get('includes', [])!r}):
         continue
-{_says_test('text', p)}
-{_excludes_test('text', p)}
-{_misstates_test('text', p)}
-{_amounts_test('text', p)}
-{_when_test('text', p)}
+{_message_tests('text', p)}
 {_pairs_test('text', p)}
 {_count_test('text', p)}
     return True
