@@ -218,7 +218,7 @@ def _unrelated_changes_params(comp: Composition, spec: EnvironmentSpec) -> dict[
         changes.setdefault(changed[rid], {})[rid] = fields[changed[rid]][rid]
     if world_only:
         params["world_only"] = world_only
-        params["writers"] = sorted(t for t in spec.tools if t in REGISTRY and REGISTRY[t].mutates and not t.endswith("_read"))
+        params["writers"] = sorted(t for t in spec.tools if t in REGISTRY and not is_observation(t))
     return params
 
 

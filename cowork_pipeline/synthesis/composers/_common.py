@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 from cowork_pipeline.synthesis.checks import name_words
 
@@ -42,3 +42,11 @@ def other_names(state: dict[str, dict[str, dict[str, Any]]], coll: str, field: s
         if not similar or name_words(v) & words:
             out.add(v)
     return sorted(out)
+
+
+def position(wb, coll: str, target: str, keep: Callable[[dict[str, Any]], bool],
+             key: Callable[[dict[str, Any]], Any] = lambda r: r["id"]) -> int:
+    """Where ``target`` lands in a listing of ``coll`` (the service's filter and order), so the
+    reference binds the row it would observe. A record the filter drops is placed where it would be."""
+    rows = sorted((r for r in wb.state.get(coll, {}).values() if keep(r) or r["id"] == target), key=key)
+    return [r["id"] for r in rows].index(target)

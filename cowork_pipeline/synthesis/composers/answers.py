@@ -6,7 +6,7 @@ from datetime import timedelta
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
-from cowork_pipeline.synthesis.composers._common import V, mention, other_names
+from cowork_pipeline.synthesis.composers._common import V, mention, other_names, position
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
 
@@ -43,7 +43,7 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
         wb.add_account(name=acc["name"])
     settled = overdue[ctx.piece("payment").randrange(n)]
     left = [inv for inv in overdue if inv is not settled]
-    ai = sorted(a["id"] for a in wb.state["crm.accounts"].values() if matches(acc["name"], a["name"], a["domain"])).index(acc["id"])
+    ai = position(wb, "crm.accounts", acc["id"], lambda a: matches(acc["name"], a["name"], a["domain"]))
     user1 = f"Which invoices of {acc['name']} are overdue, and for how much each?"
     user2 = f"Finance just recorded a payment from {acc['name']}. Which of their invoices are still overdue? Just list those."
     t1 = ProgramTurn(steps=[
@@ -114,7 +114,7 @@ def travel_policy_question(ctx: Ctx) -> Composition:
         wb.add_doc(wb.add_folder("Archive"), title, "Old copy.\nHotel limit per night:\n" + _limits(rows, -bump))
     if ctx.flaw("conflict"):  # the generator left the traveller's city out of the policy
         doc["content"] = doc["content"].replace(f"- {city}: {amount} {cur}\n", "")
-    di = _doc_pos(wb, doc["id"], "travel policy")
+    di = position(wb, "docs.documents", doc["id"], lambda r: matches("travel policy", r["title"], r["content"]))
     user = f"I'm travelling to {city} next month. What is the hotel limit per night under our current travel policy?"
     ref = [ProgramTurn(steps=[
         Step(tool="docs_search", args={"query": "travel policy"}, bind={"d": f"{di}.id"}),
@@ -134,9 +134,3 @@ def travel_policy_question(ctx: Ctx) -> Composition:
         targets={}, new_in=[], mentions=[mention("docs.documents", "title", title, "policy")],
         facts={"doc_id": doc["id"], "city": city, "limit": amount, "currency": cur},
     )
-
-
-def _doc_pos(wb, doc_id: str, query: str) -> int:
-    """Where the document lands among a docs search's results (the service's filter and order)."""
-    rows = sorted(r["id"] for r in wb.state["docs.documents"].values() if matches(query, r["title"], r["content"]) or r["id"] == doc_id)
-    return rows.index(doc_id)

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any
 
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
 from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names
+from cowork_pipeline.synthesis.composers._common import position as _pos
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE, DOMAIN, ROLES, slug
 
 def _day(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%d")
-
-
-def _pos(wb, coll: str, target: str, keep: Callable[[dict[str, Any]], bool],
-         key: Callable[[dict[str, Any]], Any] = lambda r: r["id"]) -> int:
-    """Where ``target`` lands in a listing of ``coll`` (the service's filter and order), so the
-    reference binds the row it would observe. A record the filter drops is placed where it would be."""
-    rows = sorted((r for r in wb.state.get(coll, {}).values() if keep(r) or r["id"] == target), key=key)
-    return [r["id"] for r in rows].index(target)
 
 
 def _twin_person(wb, like: dict[str, Any], team: str) -> dict[str, Any]:
