@@ -60,6 +60,18 @@ RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 
     (RIGHT.replace("Overdue:", "Globex has 2 overdue invoices:"), True),
     (RIGHT.replace("Overdue:", "Globex has 3 overdue invoices:"), False),  # the list is right, the count is not
     (RIGHT.replace("Overdue:", "One invoice is overdue:"), False),
+    # records first, then their values in the same order
+    ("INV-2286 and INV-9526 are overdue, for 8,350.00 and 2,100.00 USD, due 2026-01-21 and 2026-02-15 respectively.", True),
+    ("INV-2286 and INV-9526 are overdue, for 2,100.00 and 8,350.00 USD, due 2026-01-21 and 2026-02-15 respectively.", False),
+    ("INV-2286 and INV-9526 are overdue, for 8,350.00 and 2,100.00 USD, due 2026-02-15 and 2026-01-21 respectively.", False),
+    # each value before its record
+    ("Overdue: 8,350.00 USD on INV-2286 and 2,100.00 USD on INV-9526.", True),
+    ("Overdue: 2,100.00 USD on INV-2286 and 8,350.00 USD on INV-9526.", False),
+    ("Due Jan 21: INV-2286 (8,350.00 USD), and due Feb 15: INV-9526 (2,100.00 USD).", True),
+    ("Due Feb 15: INV-2286 (8,350.00 USD), and due Jan 21: INV-9526 (2,100.00 USD).", False),
+    # a date that belongs to the sentence, not to a record
+    ("As of 2026-02-20, INV-2286 (8,350.00 USD) is due 2026-01-21 and INV-9526 (2,100.00 USD) 2026-02-15.", True),
+    ("INV-2286 (8,350.00 USD) and INV-9526 (2,100.00 USD) are both due 2026-01-21.", False),  # one date for both: INV-9526's is not
 ])
 def test_an_answer_is_graded_like_a_message(reply, ok):
     assert _run(ANSWER_CHECK, {"replies": [reply]}) is ok

@@ -2357,6 +2357,75 @@ def ctl_answer_with_a_total(spec, turns, ref):
             yield f"turn {ti}: + total", _answered(spec, turns, ti, text + f"\nTotal: {sum(amounts):,.2f} USD.")
 
 
+_ANSWER_LINE = re.compile(r"- (\S+): (\d+\.\d{2}) USD, due (\S+)")
+
+
+def _answer_rows(text):
+    """An answer's head and its list's rows (invoice, amount, due date)."""
+    rows = [m.groups() for m in map(_ANSWER_LINE.fullmatch, text.split("\n")) if m]
+    return text.split("\n")[0].rstrip(":"), rows
+
+
+def _respectively(head, rows, amounts):
+    names = [r[0] for r in rows]
+    def joined(xs):
+        return f"{', '.join(xs[:-1])} and {xs[-1]}"
+    return f"{head}: {joined(names)}, for {joined(amounts)} USD, due {joined([r[2] for r in rows])} respectively."
+
+
+def _amounts_first(head, rows, amounts):
+    items = [f"{a} USD on {r[0]} (due {r[2]})" for r, a in zip(rows, amounts)]
+    return f"{head}: {', '.join(items[:-1])} and {items[-1]}."
+
+
+def op_answer_amounts_swapped_in_one_sentence(spec, turns, ref):
+    """An answer's list as one sentence, the records first and then their amounts in order ("INV-1 and INV-2, for
+    2,100.00 and 8,350.00 USD respectively"), two records' amounts swapped."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        amounts = [f"{float(r[1]):,.2f}" for r in rows]
+        if len(rows) >= 2 and amounts[0] != amounts[1]:
+            amounts[0], amounts[1] = amounts[1], amounts[0]
+            yield f"turn {ti}: respectively, amounts swapped", _answered(spec, turns, ti, _respectively(head, rows, amounts))
+
+
+def op_answer_dates_swapped_in_one_sentence(spec, turns, ref):
+    """An answer's list as one sentence, records first, then amounts, then due dates in order, two due dates swapped."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        if len(rows) >= 2 and rows[0][2] != rows[1][2]:
+            rows[0], rows[1] = (rows[0][0], rows[0][1], rows[1][2]), (rows[1][0], rows[1][1], rows[0][2])
+            yield f"turn {ti}: respectively, due dates swapped", _answered(spec, turns, ti, _respectively(head, rows, [r[1] for r in rows]))
+
+
+def op_answer_amounts_first_swapped(spec, turns, ref):
+    """An answer that gives each amount before its record ("2,100.00 USD on INV-1, 8,350.00 USD on INV-2"), two
+    records' amounts swapped."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        amounts = [f"{float(r[1]):,.2f}" for r in rows]
+        if len(rows) >= 2 and amounts[0] != amounts[1]:
+            amounts[0], amounts[1] = amounts[1], amounts[0]
+            yield f"turn {ti}: amounts first, swapped", _answered(spec, turns, ti, _amounts_first(head, rows, amounts))
+
+
+def ctl_answer_respectively(spec, turns, ref):
+    """CONTROL: an answer's list as one sentence, records, amounts and due dates each in order ("INV-1 and INV-2,
+    for 8,350.00 and 2,100.00 USD, due ... respectively"). Must still pass."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        if len(rows) >= 2:
+            yield f"turn {ti}: respectively", _answered(spec, turns, ti, _respectively(head, rows, [f"{float(r[1]):,.2f}" for r in rows]))
+
+
+def ctl_answer_amounts_first(spec, turns, ref):
+    """CONTROL: each amount before its record ("8,350.00 USD on INV-1 (due ...) and 2,100.00 USD on INV-2 ..."). Must still pass."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        if rows:
+            yield f"turn {ti}: amounts first", _answered(spec, turns, ti, _amounts_first(head, rows, [f"{float(r[1]):,.2f}" for r in rows]))
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -2384,6 +2453,10 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_count_in_words (control)": ctl_answer_count_in_words,
              "answer_in_one_sentence (control)": ctl_answer_in_one_sentence, "answer_as_a_table (control)": ctl_answer_as_a_table,
              "answer_with_a_total (control)": ctl_answer_with_a_total,
+             "answer_amounts_swapped_in_one_sentence": op_answer_amounts_swapped_in_one_sentence,
+             "answer_dates_swapped_in_one_sentence": op_answer_dates_swapped_in_one_sentence,
+             "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
+             "answer_respectively (control)": ctl_answer_respectively, "answer_amounts_first (control)": ctl_answer_amounts_first,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,

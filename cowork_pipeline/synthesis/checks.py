@@ -156,35 +156,79 @@ def _stray_ids(text, shape, right):
     import re
     return any(x not in right.split("|") for x in re.findall("(?<![0-9a-z])" + shape + "(?![0-9a-z])", t))
 
+def _attributed(part, names, found, before):
+    # which of the values ``found`` ([(position, value)] in ``part``) each record name states: "INV-1 and INV-2, for
+    # 8350.00 and 2100.00" (respectively), "8350.00 for INV-1, 2100.00 for INV-2" (before each name, none after the
+    # last), otherwise the values after a name up to the next one; one name alone: all values (``before``) or those after it
+    import re
+    spots = []
+    for n in names:
+        for m in re.finditer("(?<![0-9a-z])" + re.escape(n) + "(?![0-9a-z])", part):
+            spots = spots + [(m.start(), n)]
+    out = []
+    if not spots or not found:
+        return out
+    spots = sorted(spots)
+    order = []
+    for s in spots:
+        if s[1] not in order:
+            order = order + [s[1]]
+    if len(order) == 1:
+        for pos, v in found:
+            if before or pos > spots[0][0]:
+                out = out + [(order[0], v)]
+        return out
+    if spots[-1][0] < found[0][0]:  # one value after all names: each name's ("both are due march 5")
+        for i in range(len(order)):
+            if len(found) == 1 or i < len(found):
+                out = out + [(order[i], found[i if len(found) > 1 else 0][1])]
+        return out
+    back = found[0][0] < spots[0][0] and found[-1][0] < spots[-1][0]
+    for k in range(len(spots)):
+        lo = (spots[k - 1][0] if k else -1) if back else spots[k][0]
+        hi = spots[k][0] if back else (spots[k + 1][0] if k + 1 < len(spots) else len(part))
+        for pos, v in found:
+            if lo < pos < hi:
+                out = out + [(spots[k][1], v)]
+    return out
+
 def _paired(text, pairs):
     import re
-    parts = re.split("\\n|;|[.!?](?: |$)", str(text))
+    names, amounts = [], []
     for pair in pairs.split("|"):
-        name, amount = pair.split("=")
-        if not any(_mentions(p, [name.lower()]) and _has_amount(p, amount) for p in parts):
-            return False
-    return True
+        names = names + [pair.split("=")[0].lower()]
+        amounts = amounts + [float(pair.split("=")[1])]
+    said = []
+    for part in re.split("\\n|;|[.!?](?: |$)", str(text).lower().replace(",", "")):
+        found = []
+        for m in re.finditer("(?<![0-9a-z-])[0-9]+(?:[.][0-9]+)?", part):
+            for a in amounts:
+                if abs(float(m.group(0)) - a) <= 0.005:
+                    found = found + [(m.start(), a)]
+                    break
+        for name, v in _attributed(part, names, found, True):
+            if abs(v - amounts[names.index(name)]) <= 0.005 and name not in said:
+                said = said + [name]
+    return len(said) == len(names)
 
 def _dated(text, pairs):
     import re
     months = "jan feb mar apr may jun jul aug sep oct nov dec".split()
     names = [pair.split("=")[0].lower() for pair in pairs.split("|")]
+    month = "(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
     for part in re.split("\\n|;|[.!?](?: |$)", str(text).lower()):
-        # each record's stretch: from its name to the next record's name (the dates after a name are its own)
-        spots = sorted((m.start(), n) for n in names for m in re.finditer("(?<![0-9a-z])" + re.escape(n) + "(?![0-9a-z])", part))
-        for k, (start, name) in enumerate(spots):
+        found = []  # (position, (year or "", month, day)): ISO, "january 21", "21st of january"
+        for m in re.finditer("(?<![0-9])([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])", part):
+            found = found + [(m.start(), (m.group(1), int(m.group(2)), int(m.group(3))))]
+        for m in re.finditer("(?<![a-z])" + month + "[a-z]*[.]?[ ]+([0-9]{1,2})(?![0-9])", part):
+            found = found + [(m.start(), ("", months.index(m.group(1)) + 1, int(m.group(2))))]
+        for m in re.finditer("(?<![0-9.:])([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + month, part):
+            found = found + [(m.start(), ("", months.index(m.group(2)) + 1, int(m.group(1))))]
+        found = sorted(found)
+        for name, (y, mo, d) in _attributed(part, names, found, False):
             iso = pairs.split("|")[names.index(name)].split("=")[1]
-            want = (int(iso[5:7]), int(iso[8:10]))
-            stretch = part[start:spots[k + 1][0] if k + 1 < len(spots) else len(part)]
-            for m in re.finditer("(?<![0-9])[0-9]{4}-([0-9]{2})-([0-9]{2})(?![0-9])", stretch):
-                if (int(m.group(1)), int(m.group(2))) != want or m.group(0)[:4] != iso[:4]:
-                    return False
-            for m in re.finditer("(?<![a-z])(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*[.]?[ ]+([0-9]{1,2})(?![0-9])", stretch):
-                if (months.index(m.group(1)) + 1, int(m.group(2))) != want:
-                    return False
-            for m in re.finditer("(?<![0-9.:])([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", stretch):
-                if (months.index(m.group(2)) + 1, int(m.group(1))) != want:
-                    return False
+            if (mo, d) != (int(iso[5:7]), int(iso[8:10])) or (y and y != iso[:4]):
+                return False
     return True
 
 def _counted(text, n, noun):
@@ -607,8 +651,8 @@ return _has(replies[{turn}], {p['includes']!r})"""
 def _answer(p: dict[str, Any], strict: bool) -> str:
     """The agent's final reply of turn ``turn``, where the user asked a question, gives the answer: it includes
     ``includes``, says each group of ``says``, states ``amounts`` (any notation, no other currency) and ``when``,
-    each of ``pairs`` (a record and its amount) in one line or sentence, no date after a record of ``dates`` but its
-    own (the invoice's due date, in any usual notation), no count of ``count``'s noun but its number, names none of ``excludes`` and no identifier of ``ids``' shape but the right ones, and misstates nothing
+    each of ``pairs`` (a record and its amount) stated as that record's, no date stated as a record of ``dates``'
+    but its own (the invoice's due date, in any usual notation), no count of ``count``'s noun but its number, names none of ``excludes`` and no identifier of ``ids``' shape but the right ones, and misstates nothing
     (no hedge, no weekday against its date): the tests of a sent message, on the reply."""
     turn = int(p["turn"])
     if not strict:  # lax: "it replied something" (a typical generated-checker mistake)
@@ -634,8 +678,10 @@ def _count_test(text: str, p: dict[str, Any]) -> str:
 
 
 def _pairs_test(text: str, p: dict[str, Any]) -> str:
-    """A loop-body guard: each of ``pairs`` ([name, amount]) is stated together, in one line, one clause between
-    semicolons or one sentence: "INV-1: 8350.00, INV-2: 2100.00" with the amounts swapped states both, but wrongly."""
+    """A loop-body guard: each of ``pairs`` ([name, amount]) is stated as that record's, in one line, one clause
+    between semicolons or one sentence: after its name ("INV-1: 8350.00, INV-2: 2100.00"), before it ("8350.00 on
+    INV-1, 2100.00 on INV-2") or in the same order as the names ("INV-1 and INV-2, for 8350.00 and 2100.00"). The
+    same texts with the amounts swapped state both amounts, but wrongly."""
     if not p.get("pairs"):
         return ""
     joined = "|".join(f"{n}={_fmt_amount(a)}" for n, a in p["pairs"])
