@@ -294,6 +294,30 @@ def test_a_weekday_that_contradicts_its_date_fails():
     assert _run_check(notice, _sent_evidence("Off", "Design critique on Friday, March 5th is cancelled."))  # no year to judge it by
 
 
+@pytest.mark.parametrize("text, ok", [
+    ("INV-1234 is corrected to 4830.00 USD.", True),
+    ("INV-1234: I could not find any other invoice to correct.", True),  # an absence, not the work failing
+    ("INV-1234: we cannot share the breakdown, sorry.", True),  # a refusal
+    ("INV-1234 is confidential, so I did not send it.", True),  # a choice
+    ("INV-1234: the customer said their exports fail too.", True),  # someone else's failure
+    ("INV-1234: Dana could not attend, so I moved it.", True),
+    ("INV-1234: sorry, I couldn't update it; please do it by hand.", False),
+    ("INV-1234: I wasn\u2019t able to save the change.", False),
+    ("INV-1234: unfortunately we were unable to complete it.", False),
+    ("INV-1234: the update did not go through.", False),
+    ("INV-1234 could not be updated.", False),
+    ("INV-1234: I tried, but it failed.", False),
+])
+def test_a_message_reporting_the_work_as_not_done_fails(text, ok):
+    """Any message check: after the work is done, a message saying it could not be done misinforms its reader
+    (they do it again by hand, or escalate): the misstatement guard of every message, and of an email checked
+    as a record, fails it. Refusals, choices, absences and other people's failures are not such reports."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"]}))
+    rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent"}}))
+    assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok
+    assert _run_check(rec, _sent_evidence("Invoice INV-1234", text)) is ok
+
+
 def test_an_update_must_drop_the_line_it_replaces():
     """``drops``: notes that state the decision and then still say "Decisions: none yet." contradict themselves;
     the old line above the decision, kept as history, does not."""
@@ -676,21 +700,22 @@ NUMBER_ONLY_CONFIRMATION = (
 
 def test_planted_number_only_amount_check_is_caught_by_misstated_values(validator, outcomes):
     """A confirmation checker that finds the amount as a number anywhere (any notation, the right invoice
-    and no other): every other mutant fails, but the amount in another currency and the amount hedged
-    between two figures pass it."""
+    and no other): every other mutant fails, but the amount in another currency, the amount hedged
+    between two figures and the confirmation reporting the correction as not done pass it."""
     spec = certified_spec(outcomes, "invoice_reconcile")
     f = spec.facts
     number = spec.facts["checks"]["confirmation_sent"]["params"]["ids"]["right"][0]
     code = NUMBER_ONLY_CONFIRMATION.format(msg=f["message_id"], number=number, digits=number.split("-")[1], amount=f["new_amount"])
     cert = validator.certify(planted(with_item_code(spec, "confirmation_sent", code)))
     assert cert.reference_pass and cert.equivalent_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["misstated_value", "misstated_value"]
+    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["misstated_value"] * 3
     assert {d.message.split("(", 1)[1].split(":")[0] for d in cert.diagnostics} == {"mail_reply in turn 0"}
     assert any("in EUR" in d.message for d in cert.diagnostics) and any("hedges" in d.message for d in cert.diagnostics)
-    # the embedded checker kills both, and only it does
+    assert any("reports the work as not done" in d.message for d in cert.diagnostics)
+    # the embedded checker kills all three, and only it does
     [orig] = [o.final.certification for o in outcomes["invoice_reconcile"] if o.accepted and o.final.draft.spec is spec]
     misstated = [m for m in orig.mutants if m["operator"] == "misstated_value"]
-    assert len(misstated) == 2 and all(m["failed_items"] == ["confirmation_sent"] for m in misstated)
+    assert len(misstated) == 3 and all(m["failed_items"] == ["confirmation_sent"] for m in misstated)
 
 
 def test_the_confidential_figure_leaks_in_a_subject_or_in_words(sb, backend, validator):
@@ -2357,6 +2382,33 @@ def ctl_answer_with_a_total(spec, turns, ref):
             yield f"turn {ti}: + total", _answered(spec, turns, ti, text + f"\nTotal: {sum(amounts):,.2f} USD.")
 
 
+# The work done, and reported as not done, in words the validator's own mutant does not use
+FAILURE_REPORTS = ["P.S. I wasn't able to finish this; the tool kept erroring out.",
+                   "Note: the update did not go through, so nothing has changed yet.",
+                   "Unfortunately we were unable to complete it today."]
+
+
+def op_reports_failure(spec, turns, ref):
+    """Each message, one at a time, with every fact kept and a line saying the work could not be done."""
+    for n, (ti, si, k, text) in enumerate(_outgoing_texts(turns)):
+        if k == "subject":
+            continue
+        m = copy.deepcopy(turns)
+        m[ti][si][1][k] = f"{text}\n\n{FAILURE_REPORTS[n % len(FAILURE_REPORTS)]}"
+        yield f"{turns[ti][si][0]}.{k} + {FAILURE_REPORTS[n % len(FAILURE_REPORTS)]!r}", _program(spec, m)
+
+
+def ctl_nothing_else_found(spec, turns, ref):
+    """CONTROL: every message adds that nothing else was found ("I could not find anything else that needs doing"):
+    an absence, not the work reported as failed. Must still pass."""
+    m = copy.deepcopy(turns)
+    sites = [s for s in _outgoing_texts(turns) if s[2] != "subject"]
+    for ti, si, k, text in sites:
+        m[ti][si][1][k] = f"{text}\n\nI could not find anything else that needs doing."
+    if sites:
+        yield f"{len(sites)} messages + nothing else found", _program(spec, m)
+
+
 _ANSWER_LINE = re.compile(r"- (\S+): (\d+\.\d{2}) USD, due (\S+)")
 
 
@@ -2456,6 +2508,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_amounts_swapped_in_one_sentence": op_answer_amounts_swapped_in_one_sentence,
              "answer_dates_swapped_in_one_sentence": op_answer_dates_swapped_in_one_sentence,
              "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
+             "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
              "answer_respectively (control)": ctl_answer_respectively, "answer_amounts_first (control)": ctl_answer_amounts_first,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,

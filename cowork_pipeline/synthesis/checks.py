@@ -98,9 +98,25 @@ def _weekday_clash(t, year):
                 return True
     return False
 
+def _fails(t):
+    if not ("could" in t or "able" in t or "fail" in t or "manage" in t or "go through" in t):
+        return False  # no word a report of failure needs (most messages): no regex
+    import re
+    t = t.replace("\u2019", "'")
+    # "I couldn't update the record", "we were unable to send it", "the update failed": the work reported as
+    # not done; not a refusal ("we cannot share it"), a choice ("I did not send it") or an absence ("I could not find any other")
+    who = "(?<![a-z])(?:i|we)(?:[ ]+(?:just|really|still|also|unfortunately|sadly|simply))?[ ]+"
+    tried = "(?:could not|couldn't|was unable to|were unable to|wasn't able to|was not able to|weren't able to|were not able to|failed to|did not manage to|didn't manage to|have not been able to|haven't been able to)"
+    if re.search(who + tried + "(?![ ]+(?:find|see|locate|spot|attend|join|make it)(?![a-z]))", t):
+        return True
+    done = "(?:updated|created|saved|sent|scheduled|booked|changed|closed|completed|processed|recorded|posted|added|moved|cancell?ed|shared|forwarded|done|made)"
+    if re.search("(?<![a-z])(?:could not|couldn't) be " + done + "(?![a-z])", t):
+        return True
+    return re.search("(?<![a-z])(?:update|change|request|invitation|invite|email|message|booking|operation|it|this|that)[ ]+(?:failed|did not go through|didn't go through)(?![a-z])", t) is not None
+
 def _misstates(text, year=""):
     t = " ".join(str(text).lower().replace(",", "").split())
-    return _hedges(t) or _weekday_clash(t, year)
+    return _hedges(t) or _weekday_clash(t, year) or _fails(t)
 
 def _greets(text, others):
     words = " ".join(str(text).lower().replace(",", " ").split()).split(" ", 4)
@@ -521,6 +537,8 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not any({_ids_cond('r.get(k)', p)} for k in {sorted(p.get('excludes') or {})!r})"
     if p.get("others") and coll == "mail.messages":  # an email greets none of the people it is not for
         unless += f" and not _greets(r.get('body', ''), {p['others']!r})"
+    if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
+        unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body')))"
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
     # a record is skipped at its first mismatching field (the checker scans every new record)

@@ -237,6 +237,8 @@ _NAME_FIELDS = ("number", "title", "name", "id")
 # A message that says nothing: its text, its subject (where the tool takes one) and its attachments.
 # A forward is left out: the forwarded message is its content, the note beside it optional.
 EMPTY_TEXT, EMPTY_SUBJECT = "OK.", "Update"
+# A message that keeps every value but reports the work as not done (after a reference that did it).
+FAILED_NOTE = "\n\nUnfortunately I couldn't get this done; please take care of it by hand."
 
 
 def _emptied(s: Step) -> tuple[dict[str, Any], str] | None:
@@ -281,7 +283,8 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
     currency ("4830.00 USD" -> "4830.00 EUR"); each amount, time and date hedged between itself and another
     value ("4830.00 or 5314.00", "15:00 or 16:00", "2026-03-05 or 2026-03-06"); the weekday beside a date
-    the next one ("Friday 2026-03-05" for a Thursday). A checker that only looks for the value lets them through."""
+    the next one ("Friday 2026-03-05" for a Thursday); the work reported as not done ("I couldn't get this done").
+    A checker that only looks for the value lets them through."""
     param = MESSAGE_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
     if not isinstance(text, str):
@@ -306,6 +309,8 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     if _DATED_WEEKDAY.search(text):
         new = _DATED_WEEKDAY.sub(lambda m: _WEEKDAYS[(_WEEKDAYS.index(m.group(1)) + 1) % 7] + m.group(2), text)
         out.append(({**s.args, param: new}, f"{param} gives the wrong weekday for its date ('{_DATED_WEEKDAY.search(new).group(0)}')"))
+    if s.tool != ANSWER:  # the work done, and reported as not done: its reader does it again, or escalates
+        out.append(({**s.args, param: text.rstrip() + FAILED_NOTE}, f"{param} reports the work as not done ('{FAILED_NOTE.strip()}')"))
     return out
 
 
