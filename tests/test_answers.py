@@ -72,6 +72,15 @@ RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 
     # a date that belongs to the sentence, not to a record
     ("As of 2026-02-20, INV-2286 (8,350.00 USD) is due 2026-01-21 and INV-9526 (2,100.00 USD) 2026-02-15.", True),
     ("INV-2286 (8,350.00 USD) and INV-9526 (2,100.00 USD) are both due 2026-01-21.", False),  # one date for both: INV-9526's is not
+    # dates as numbers with the year, day or month first
+    (RIGHT.replace("2026-01-21", "21/01/2026").replace("2026-02-15", "02/15/2026"), True),
+    (RIGHT.replace("2026-01-21", "21.01.2026"), True),
+    (RIGHT.replace("2026-01-21", "22/01/2026"), False),
+    (RIGHT.replace("2026-02-15", "15/02/2025"), False),
+    # a total it gives is the sum of its amounts
+    (RIGHT + "\nTotal: 10,540.00 USD.", False),
+    ("Two invoices, 10,450 USD in all: INV-2286 (8,350.00) and INV-9526 (2,100.00).", True),
+    ("Two invoices, 10,500 USD in all: INV-2286 (8,350.00) and INV-9526 (2,100.00).", False),
 ])
 def test_an_answer_is_graded_like_a_message(reply, ok):
     assert _run(ANSWER_CHECK, {"replies": [reply]}) is ok

@@ -278,6 +278,17 @@ def test_a_message_hedging_a_time_or_date_fails_even_where_it_need_not_state_one
     assert not _run_check(notice, post("Design critique on 2026-03-04 or 2026-03-05 is cancelled."))
 
 
+def test_a_date_as_numbers_with_its_year_states_it_either_way_round():
+    """``when``: 05/03/2026 is March 5 to a European reader and 03/05/2026 to an American one; both state
+    2026-03-05 (as does 05.03.2026). A day off, another year or no year at all does not."""
+    when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "15:00"}}))
+    for text in ("Design critique moves to 05/03/2026 at 15:00.", "Design critique: 3/5/2026, 3pm", "Design critique: 05.03.2026 15:00"):
+        assert _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique moves to 06/03/2026 at 15:00.", "Design critique: 05/03/2025, 3pm", "Design critique: 05/03 at 15:00",
+                 "Design critique: 15/03/2026 at 15:00"):
+        assert not _run_check(when, _sent_evidence("Moved", text)), text
+
+
 def test_a_weekday_that_contradicts_its_date_fails():
     """Any message check: a weekday beside a date must be that date's ("Friday 2026-03-05" is a Thursday's
     date); with ``when`` also in words ("Friday, March 5th"). A weekday elsewhere in the text is not judged."""
@@ -2182,6 +2193,17 @@ def ctl_day_month_year(spec, turns, ref):
         yield "dates as '5 March 2026'", _program(spec, m)
 
 
+def ctl_dates_as_numbers(spec, turns, ref):
+    """CONTROL: ISO dates in messages written as numbers, day first (2026-03-05 -> 05/03/2026). Must still pass."""
+    m, changed = copy.deepcopy(turns), False
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = _ISO_DAY.sub(lambda x: f"{x.group(3)}/{x.group(2)}/{x.group(1)}", text)
+        if new != text:
+            m[ti][si][1][k], changed = new, True
+    if changed:
+        yield "dates as '05/03/2026'", _program(spec, m)
+
+
 def ctl_first_names(spec, turns, ref):
     """CONTROL: people named in messages by first name alone where nobody else in the world has it ('Lukas'
     for 'Lukas Tanaka'; never the user, whose sign-off carries theirs). Must still pass."""
@@ -2461,6 +2483,21 @@ def op_answer_amounts_first_swapped(spec, turns, ref):
             yield f"turn {ti}: amounts first, swapped", _answered(spec, turns, ti, _amounts_first(head, rows, amounts))
 
 
+def op_answer_with_a_wrong_total(spec, turns, ref):
+    """An answer with the right list and a total that is not its sum (a hundred more)."""
+    for ti, text in _answers(spec):
+        amounts = [float(m.group(0)) for m in _AMOUNT.finditer(text)]
+        if len(amounts) >= 2:
+            yield f"turn {ti}: + wrong total", _answered(spec, turns, ti, text + f"\nTotal: {sum(amounts) + 100:,.2f} USD.")
+
+
+def ctl_answer_dates_as_numbers(spec, turns, ref):
+    """CONTROL: an answer's dates day first, as numbers ("21/01/2026"). Must still pass."""
+    for ti, text in _answers(spec):
+        if _ISO.search(text):
+            yield f"turn {ti}: dates as dd/mm/yyyy", _answered(spec, turns, ti, _ISO.sub(lambda m: f"{m.group(3)}/{m.group(2)}/{m.group(1)}", text))
+
+
 def ctl_answer_respectively(spec, turns, ref):
     """CONTROL: an answer's list as one sentence, records, amounts and due dates each in order ("INV-1 and INV-2,
     for 8,350.00 and 2,100.00 USD, due ... respectively"). Must still pass."""
@@ -2509,6 +2546,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_dates_swapped_in_one_sentence": op_answer_dates_swapped_in_one_sentence,
              "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
              "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
+             "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,
              "answer_respectively (control)": ctl_answer_respectively, "answer_amounts_first (control)": ctl_answer_amounts_first,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
@@ -2522,6 +2560,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
              "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
              "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year,
+             "dates_as_numbers (control)": ctl_dates_as_numbers,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 

@@ -227,6 +227,29 @@ def _paired(text, pairs):
                 said = said + [name]
     return len(said) == len(names)
 
+def _totalled(text, pairs):
+    t = str(text).lower().replace(",", "")
+    if not ("total" in t or "altogether" in t or "in all" in t or "combined" in t or "sum" in t):
+        return True  # no total stated (most answers): no regex
+    import re
+    amounts = []
+    for pair in pairs.split("|"):
+        amounts = amounts + [float(pair.split("=")[1])]
+    for part in re.split("\\n|;|[.!?](?: |$)", t):
+        if re.search("(?<![a-z])(?:total[a-z]*|altogether|in all|combined|sum)(?![a-z])", part) is None:
+            continue
+        # a figure beside "total" that is no record's own amount must be their sum (not a count, not part of a date)
+        for m in re.finditer("(?<![0-9a-z./-])([0-9]+(?:[.][0-9]{2})?)(?![0-9/-]|[.][0-9])", part):
+            v = float(m.group(1))
+            if (v >= 100 or "." in m.group(1)) and abs(v - sum(amounts)) > 0.005:
+                mine = False
+                for a in amounts:
+                    if abs(v - a) <= 0.005:
+                        mine = True
+                if not mine:
+                    return False
+    return True
+
 def _dated(text, pairs):
     import re
     months = "jan feb mar apr may jun jul aug sep oct nov dec".split()
@@ -235,15 +258,19 @@ def _dated(text, pairs):
     for part in re.split("\\n|;|[.!?](?: |$)", str(text).lower()):
         found = []  # (position, (year or "", month, day)): ISO, "january 21", "21st of january"
         for m in re.finditer("(?<![0-9])([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])", part):
-            found = found + [(m.start(), (m.group(1), int(m.group(2)), int(m.group(3))))]
+            found = found + [(m.start(), (m.group(1), int(m.group(2)), int(m.group(3)), 0))]
         for m in re.finditer("(?<![a-z])" + month + "[a-z]*[.]?[ ]+([0-9]{1,2})(?![0-9])", part):
-            found = found + [(m.start(), ("", months.index(m.group(1)) + 1, int(m.group(2))))]
+            found = found + [(m.start(), ("", months.index(m.group(1)) + 1, int(m.group(2)), 0))]
         for m in re.finditer("(?<![0-9.:])([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + month, part):
-            found = found + [(m.start(), ("", months.index(m.group(2)) + 1, int(m.group(1))))]
+            found = found + [(m.start(), ("", months.index(m.group(2)) + 1, int(m.group(1)), 0))]
+        # 21/01/2026, 01/21/2026, 21.01.2026: day or month first, either reading may be the record's
+        for m in re.finditer("(?<![0-9./])([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])", part):
+            found = found + [(m.start(), (m.group(3), int(m.group(2)), int(m.group(1)), 1))]
         found = sorted(found)
-        for name, (y, mo, d) in _attributed(part, names, found, False):
+        for name, (y, mo, d, either) in _attributed(part, names, found, False):
             iso = pairs.split("|")[names.index(name)].split("=")[1]
-            if (mo, d) != (int(iso[5:7]), int(iso[8:10])) or (y and y != iso[:4]):
+            want = (int(iso[5:7]), int(iso[8:10]))
+            if ((mo, d) != want and not (either and (d, mo) == want)) or (y and y != iso[:4]):
                 return False
     return True
 
@@ -410,7 +437,8 @@ def time_forms(hhmm: str) -> list[str]:
 
 
 def date_forms(iso: str) -> list[str]:
-    """How people write a date: 2026-03-05, march 5, 5 march, mar 5th, the 5th of march, ... (lower case)."""
+    """How people write a date: 2026-03-05, march 5, 5 march, mar 5th, the 5th of march, 05/03/2026, 3/5/2026,
+    05.03.2026, ... (lower case)."""
     d = int(iso[8:10])
     name = _MONTHS[int(iso[5:7]) - 1]
     suffix = "th" if 10 <= d % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(d % 10, "th")
@@ -418,6 +446,11 @@ def date_forms(iso: str) -> list[str]:
     for month in (name, name[:3], name[:3] + "."):
         for day in (str(d), f"{d}{suffix}"):
             forms += [f"{month} {day}", f"{day} {month}", f"{day} of {month}"]
+    # numbers with the year, day first or month first (05/03/2026 and 03/05/2026 both read as March 5 somewhere)
+    y, m = iso[:4], int(iso[5:7])
+    for a, b in ((d, m), (m, d)):
+        forms += [f"{a:02d}/{b:02d}/{y}", f"{a}/{b}/{y}"]
+    forms += [f"{d:02d}.{m:02d}.{y}", f"{d}.{m}.{y}"]
     return list(dict.fromkeys(forms))
 
 
@@ -699,11 +732,13 @@ def _pairs_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: each of ``pairs`` ([name, amount]) is stated as that record's, in one line, one clause
     between semicolons or one sentence: after its name ("INV-1: 8350.00, INV-2: 2100.00"), before it ("8350.00 on
     INV-1, 2100.00 on INV-2") or in the same order as the names ("INV-1 and INV-2, for 8350.00 and 2100.00"). The
-    same texts with the amounts swapped state both amounts, but wrongly."""
+    same texts with the amounts swapped state both amounts, but wrongly. A total it gives is their sum."""
     if not p.get("pairs"):
         return ""
     joined = "|".join(f"{n}={_fmt_amount(a)}" for n, a in p["pairs"])
     out = f"    if not _paired({text}, {joined!r}):\n        continue"
+    if len(p["pairs"]) > 1:  # a total the answer gives is their sum ("Total: 10,450.00 USD")
+        out += f"\n    if not _totalled({text}, {joined!r}):\n        continue"
     if p.get("dates"):  # a date stated after a record's name is that record's ([name, YYYY-MM-DD])
         out += f"\n    if not _dated({text}, {'|'.join(f'{n}={d}' for n, d in p['dates'])!r}):\n        continue"
     return out
