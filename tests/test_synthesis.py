@@ -278,6 +278,17 @@ def test_a_message_hedging_a_time_or_date_fails_even_where_it_need_not_state_one
     assert not _run_check(notice, post("Design critique on 2026-03-04 or 2026-03-05 is cancelled."))
 
 
+def test_typographic_punctuation_reads_as_typed():
+    """Chat models write INV\u20111234 with a non-breaking hyphen, \u2018titles\u2019 in curly quotes and amounts with a
+    non-breaking space: the text checks read them as the keyboard's characters, so the right identifier is found,
+    a wrong one still stands out, and a curly apostrophe does not hide a report of failure."""
+    code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830.0], "currency": "USD",
+                                          "ids": id_shape("INV-1234")}))
+    assert _run_check(code, _sent_evidence("Invoice INV\u20111234", "INV\u20111234 is now 4,830.00\u00a0USD \u2013 thanks."))
+    assert not _run_check(code, _sent_evidence("Invoice INV-1234", "INV\u20111234 and INV\u20114321 are now 4,830.00 USD."))
+    assert not _run_check(code, _sent_evidence("Invoice INV-1234", "INV-1234 is 4,830.00 USD, but I couldn\u2019t save it."))
+
+
 def test_a_date_as_numbers_with_its_year_states_it_either_way_round():
     """``when``: 05/03/2026 is March 5 to a European reader and 03/05/2026 to an American one; both state
     2026-03-05 (as does 05.03.2026). A day off, another year or no year at all does not."""
@@ -2245,6 +2256,45 @@ def ctl_identifiers_lowercased(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: identifiers in lower case", _program(spec, m)
 
 
+_EMPHASIS = re.compile(r"\b[A-Z]{2,}-\d+\b|\$?\d[\d,]*\.\d{2}(?: [A-Z]{3})?|\b20\d{2}-\d{2}-\d{2}\b")
+
+
+def ctl_markdown_emphasis(spec, turns, ref):
+    """CONTROL: identifiers, amounts and dates in messages and answers set in markdown bold (**INV-6803**,
+    **4830.00 USD**), as chat models write them. Must still pass."""
+    m, changed = copy.deepcopy(turns), False
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = _EMPHASIS.sub(lambda x: f"**{x.group(0)}**", text)
+        if new != text:
+            m[ti][si][1][k], changed = new, True
+    replies = [spec.reference[i].reply for i in range(len(turns))]
+    for ti, text in _answers(spec):
+        replies[ti] = _EMPHASIS.sub(lambda x: f"**{x.group(0)}**", text)
+        changed = changed or replies[ti] != text
+    if changed:
+        yield "identifiers, amounts and dates in bold", _program(spec, m, replies)
+
+
+def ctl_typographic_punctuation(spec, turns, ref):
+    """CONTROL: messages and answers with typographic punctuation, as chat models write it: identifiers with a
+    non-breaking hyphen (INV\u20116803), quotes curly (\u2018Q4 Roadmap\u2019), a dash as an en dash. Must still pass."""
+    def typeset(text):
+        text = re.sub(r"\b([A-Z]{2,})-(\d+)", "\\1\u2011\\2", text)
+        text = re.sub(r"'([^']+)'", "\u2018\\1\u2019", text)
+        return text.replace(" - ", " \u2013 ")
+    m, changed = copy.deepcopy(turns), False
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = typeset(text)
+        if new != text:
+            m[ti][si][1][k], changed = new, True
+    replies = [spec.reference[i].reply for i in range(len(turns))]
+    for ti, text in _answers(spec):
+        replies[ti] = typeset(text)
+        changed = changed or replies[ti] != text
+    if changed:
+        yield "typographic hyphens, quotes and dashes", _program(spec, m, replies)
+
+
 def ctl_cc_myself(spec, turns, ref):
     """CONTROL: every new email also copied to the user's own address (keeping a copy). Must still pass."""
     me, m, n = _profile_email(spec), copy.deepcopy(turns), 0
@@ -2560,7 +2610,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
              "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
              "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year,
-             "dates_as_numbers (control)": ctl_dates_as_numbers,
+             "dates_as_numbers (control)": ctl_dates_as_numbers, "markdown_emphasis (control)": ctl_markdown_emphasis,
+             "typographic_punctuation (control)": ctl_typographic_punctuation,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 

@@ -27,15 +27,31 @@ def _new(ev, name):
 def _sent(ev):
     return [m for m in _new(ev, "mail.messages") if m["folder"] == "sent"]
 
+def _low(s):
+    t = str(s).lower()
+    if t.isascii():  # (most texts)
+        return t
+    # typographic hyphens, dashes, quotes and spaces as typed on a keyboard: chat models write INV\u20111458 and \u2018Q4\u2019
+    # (no backslash in a checker's source: the sandbox compiles those from their text, not by skeleton)
+    for c in "\u2010\u2011\u2012\u2013\u2014\u2212":
+        t = t.replace(c, "-")
+    for c in "\u2018\u2019":
+        t = t.replace(c, "'")
+    for c in "\u201c\u201d":
+        t = t.replace(c, '"')
+    for c in "\u00a0\u202f":
+        t = t.replace(c, " ")
+    return t
+
 def _norm(s):
-    return " ".join(str(s).lower().replace(",", "").split())
+    return " ".join(_low(s).replace(",", "").split())
 
 def _has(text, needles):
     t = _norm(text)
     return all(_norm(n) in t for n in needles)
 
 def _has_amount(text, value, currency=""):
-    t = str(text).lower().replace(",", "")
+    t = _low(text).replace(",", "")
     if str(int(float(value))) not in t:  # the whole part is not even there (most messages): no regex
         return False
     import re
@@ -102,7 +118,6 @@ def _fails(t):
     if not ("could" in t or "able" in t or "fail" in t or "manage" in t or "go through" in t):
         return False  # no word a report of failure needs (most messages): no regex
     import re
-    t = t.replace("\u2019", "'")
     # "I couldn't update the record", "we were unable to send it", "the update failed": the work reported as
     # not done; not a refusal ("we cannot share it"), a choice ("I did not send it") or an absence ("I could not find any other")
     who = "(?<![a-z])(?:i|we)(?:[ ]+(?:just|really|still|also|unfortunately|sadly|simply))?[ ]+"
@@ -115,11 +130,11 @@ def _fails(t):
     return re.search("(?<![a-z])(?:update|change|request|invitation|invite|email|message|booking|operation|it|this|that)[ ]+(?:failed|did not go through|didn't go through)(?![a-z])", t) is not None
 
 def _misstates(text, year=""):
-    t = " ".join(str(text).lower().replace(",", "").split())
+    t = " ".join(_low(text).replace(",", "").split())
     return _hedges(t) or _weekday_clash(t, year) or _fails(t)
 
 def _greets(text, others):
-    words = " ".join(str(text).lower().replace(",", " ").split()).split(" ", 4)
+    words = " ".join(_low(text).replace(",", " ").split()).split(" ", 4)
     if words[0] in ("hi", "hello", "hey", "dear", "thanks"):
         name = words[1] if len(words) > 1 else ""
     elif words[:2] in (["thank", "you"], ["good", "morning"], ["good", "afternoon"], ["good", "evening"]):
@@ -155,7 +170,7 @@ def _same_instant(a, b):
         return False
 
 def _mentions(text, forms, word="0-9a-z"):
-    t = " ".join(str(text).lower().replace(",", " ").split())
+    t = " ".join(_low(text).replace(",", " ").split())
     found = [f for f in forms if f in t]  # plain substring first; the regex only confirms word edges
     if not found:
         return False
@@ -166,7 +181,7 @@ def _mentions(text, forms, word="0-9a-z"):
     return False
 
 def _stray_ids(text, shape, right):
-    t = str(text).lower()
+    t = _low(text)
     if shape.split("[", 1)[0] not in t:  # no identifier of this kind at all (most texts): no regex
         return False
     import re
@@ -215,7 +230,7 @@ def _paired(text, pairs):
         names = names + [pair.split("=")[0].lower()]
         amounts = amounts + [float(pair.split("=")[1])]
     said = []
-    for part in re.split("\\n|;|[.!?](?: |$)", str(text).lower().replace(",", "")):
+    for part in re.split(chr(10) + "|;|[.!?](?: |$)", _low(text).replace(",", "")):
         found = []
         for m in re.finditer("(?<![0-9a-z-])[0-9]+(?:[.][0-9]+)?", part):
             for a in amounts:
@@ -228,14 +243,14 @@ def _paired(text, pairs):
     return len(said) == len(names)
 
 def _totalled(text, pairs):
-    t = str(text).lower().replace(",", "")
+    t = _low(text).replace(",", "")
     if not ("total" in t or "altogether" in t or "in all" in t or "combined" in t or "sum" in t):
         return True  # no total stated (most answers): no regex
     import re
     amounts = []
     for pair in pairs.split("|"):
         amounts = amounts + [float(pair.split("=")[1])]
-    for part in re.split("\\n|;|[.!?](?: |$)", t):
+    for part in re.split(chr(10) + "|;|[.!?](?: |$)", t):
         if re.search("(?<![a-z])(?:total[a-z]*|altogether|in all|combined|sum)(?![a-z])", part) is None:
             continue
         # a figure beside "total" that is no record's own amount must be their sum (not a count, not part of a date)
@@ -255,7 +270,7 @@ def _dated(text, pairs):
     months = "jan feb mar apr may jun jul aug sep oct nov dec".split()
     names = [pair.split("=")[0].lower() for pair in pairs.split("|")]
     month = "(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
-    for part in re.split("\\n|;|[.!?](?: |$)", str(text).lower()):
+    for part in re.split(chr(10) + "|;|[.!?](?: |$)", _low(text)):
         found = []  # (position, (year or "", month, day)): ISO, "january 21", "21st of january"
         for m in re.finditer("(?<![0-9])([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])", part):
             found = found + [(m.start(), (m.group(1), int(m.group(2)), int(m.group(3)), 0))]
@@ -277,7 +292,7 @@ def _dated(text, pairs):
 def _counted(text, n, noun):
     import re
     words = "zero one two three four five six seven eight nine ten eleven twelve".split()
-    t = " ".join(str(text).lower().split())
+    t = " ".join(_low(text).split())
     if noun not in t:  # the noun is never used (most answers): no regex
         return True
     for m in re.finditer("(?<![0-9a-z.,$-])([0-9]+|" + "|".join(words) + ")[ ]+(?:[a-z]+[ ]+)?" + noun + "s?(?![a-z])", t):
@@ -287,7 +302,7 @@ def _counted(text, n, noun):
     return True
 
 def _figures(s):
-    t = " ".join(str(s).lower().replace(",", " ").split())
+    t = " ".join(_low(s).replace(",", " ").split())
     return t.replace("per cent", "%").replace("percent", "%").replace(" %", "%")
 
 def _other_percent(text, allowed):
