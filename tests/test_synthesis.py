@@ -2295,6 +2295,27 @@ def ctl_typographic_punctuation(spec, turns, ref):
         yield "typographic hyphens, quotes and dashes", _program(spec, m, replies)
 
 
+def ctl_reply_quotes_the_original(spec, turns, ref):
+    """CONTROL: every email reply quotes the message it answers below the agent's text, as mail clients do
+    ("On <date>, <sender> wrote:" and the original's lines after "> "). Must still pass."""
+    m, n = copy.deepcopy(turns), 0
+    for ti, si in _write_sites(turns):
+        tool, args, _r = turns[ti][si]
+        if tool != "mail_reply":
+            continue
+        orig = spec.world.get("mail.messages", {}).get(args.get("message_id"))
+        if orig is None:  # a message delivered during the episode: read it from the reference's own look-ups
+            orig = next((r for steps in turns for t, _a, r in steps if t == "mail_read" and isinstance(r, dict)
+                         and r.get("id") == args.get("message_id")), None)
+        if orig is None:
+            continue
+        quoted = "\n".join("> " + line for line in str(orig["body"]).split("\n"))
+        m[ti][si][1]["body"] = f"{args['body']}\n\nOn {orig.get('date', '')}, {orig['from']} wrote:\n{quoted}"
+        n += 1
+    if n:
+        yield f"{n} replies quote the original", _program(spec, m)
+
+
 def ctl_cc_myself(spec, turns, ref):
     """CONTROL: every new email also copied to the user's own address (keeping a copy). Must still pass."""
     me, m, n = _profile_email(spec), copy.deepcopy(turns), 0
@@ -2612,6 +2633,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year,
              "dates_as_numbers (control)": ctl_dates_as_numbers, "markdown_emphasis (control)": ctl_markdown_emphasis,
              "typographic_punctuation (control)": ctl_typographic_punctuation,
+             "reply_quotes_the_original (control)": ctl_reply_quotes_the_original,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
