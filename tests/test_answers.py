@@ -273,3 +273,56 @@ def test_only_records_a_world_event_changes_are_closed_to_the_agent():
     assert any(e.tool == "chat_deliver" for t in onboarding.turns for e in t.events)
     params = next(c["params"] for c in onboarding.facts["checks"].values() if c["kind"] == "no_unrelated_changes")
     assert "world_only" not in params
+
+
+# ---- next_meeting_question: a calendar question, asked again after the colleague moves the meeting
+@pytest.fixture(scope="module")
+def meetings(validator) -> list[tuple[EnvironmentSpec, Certification]]:
+    outs = synthesize(EmbeddedBackend(), validator, CATALOG["next_meeting_question"], list(range(6)))
+    assert all(o.accepted for o in outs), [(o.seed, [d.code for d in o.rejection_reasons()]) for o in outs]
+    return [(o.final.draft.spec, o.final.certification) for o in outs]
+
+
+def _answered(sb, spec: EnvironmentSpec, replies: list[str]) -> Any:
+    turns = [ProgramTurn(steps=list(t.steps), reply=r) for t, r in zip(spec.reference, replies)]
+    [g] = grade_many(sb, [(spec, run_episode(spec, ProgramAgent(turns, name="answers")), None)])
+    return g
+
+
+def test_the_next_meeting_question_is_certified_with_its_mutants_killed(meetings):
+    for spec, cert in meetings:
+        ops = {m["operator"] for m in cert.mutants}
+        assert {"null", "missing_step", "empty_message", "misstated_value", "wrong_value", "stale_answer",
+                "collateral_write", "extra_destructive_write"} <= ops, (spec.env_id, ops)
+        assert all(m["killed"] for m in cert.mutants) and cert.equivalent_pass and cert.fault_pass
+        # the room is only in the meeting's own record: skipping that read is what the missing step does
+        assert "skip calendar_get_event in turn 0" in [m["description"] for m in cert.mutants if m["operator"] == "missing_step"]
+    # where a colleague's name looks like the one asked about (a namesake, a shared surname), an answer naming them
+    assert any(m["operator"] == "wrong_mention" for _spec, cert in meetings for m in cert.mutants)
+
+
+def test_the_next_meeting_answer_is_the_1_1_itself_at_its_time_and_room(sb, meetings):
+    """The right 1:1 in any notation passes; the team sync before it, last week's 1:1, a time in another zone,
+    and the first turn's answer after the move fail."""
+    spec, _cert = meetings[0]
+    events = spec.world["calendar.events"]
+    one = events[spec.facts["event_id"]]
+    start = one["start"]
+    day, hh = start[:10], int(start[11:13])
+    first, again = spec.reference[0].reply, spec.reference[1].reply
+    assert _answered(sb, spec, [first, again]).passed
+    from datetime import date
+    words = f"{date.fromisoformat(day):%A, %B} {int(day[8:10])}"
+    ampm = f"{hh % 12 or 12}{'pm' if hh >= 12 else 'am'}"
+    assert _answered(sb, spec, [f"{words} at {ampm} UTC, room {spec.facts['room']}.", again]).passed
+    sync = next(e for e in events.values() if e["title"] == "Team sync")
+    wrong = [
+        f"Your next meeting with them is on {sync['start'][:10]} at {sync['start'][11:16]} UTC, in {sync['location']}.",
+        first.replace(day, next(e["start"][:10] for e in events.values() if e["title"] == one["title"] and e["start"] < "2026-03-02")),
+        first.replace(f"{hh:02d}:00 UTC", f"{(hh + 1) % 24:02d}:00 CET"),
+    ]
+    for text in wrong:
+        g = _answered(sb, spec, [text, again])
+        assert not g.passed and g.failed_items() == ["next_given"], (text, g.items)
+    stale = _answered(sb, spec, [first, first])
+    assert not stale.passed and stale.failed_items() == ["moved_given"]

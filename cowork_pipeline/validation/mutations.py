@@ -233,7 +233,7 @@ MESSAGE_TEXT = {"mail_send": "body", "mail_reply": "body", "mail_forward": "note
 # it as they mutate a sent message (it never runs as a call).
 ANSWER = "(answer)"
 MESSAGE_TEXT[ANSWER] = "text"
-_NAME_FIELDS = ("number", "title", "name", "id")
+_NAME_FIELDS = ("number", "title", "name", "location", "id")  # (location: a meeting's room)
 # A message that says nothing: its text, its subject (where the tool takes one) and its attachments.
 # A forward is left out: the forwarded message is its content, the note beside it optional.
 EMPTY_TEXT, EMPTY_SUBJECT = "OK.", "Update"

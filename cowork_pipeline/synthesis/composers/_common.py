@@ -5,6 +5,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from cowork_pipeline.synthesis.checks import name_words
+from cowork_pipeline.synthesis.world import DOMAIN, slug
 
 
 def V(name: str) -> dict[str, str]:  # noqa: N802  (reads like a placeholder in reference programs)
@@ -50,3 +51,10 @@ def position(wb, coll: str, target: str, keep: Callable[[dict[str, Any]], bool],
     reference binds the row it would observe. A record the filter drops is placed where it would be."""
     rows = sorted((r for r in wb.state.get(coll, {}).values() if keep(r) or r["id"] == target), key=key)
     return [r["id"] for r in rows].index(target)
+
+
+def twin_person(wb, like: dict[str, Any], team: str, role: str = "Contractor") -> dict[str, Any]:
+    """A second directory entry with exactly the same name (a generator collision)."""
+    f, l = like["name"].split(" ", 1)
+    return wb.put("directory.people", {"id": wb.id("usr"), "name": like["name"], "email": f"{slug(f)}.{slug(l)}2@{DOMAIN}",
+                                       "team": team, "role": role, "timezone": "UTC"})

@@ -1,12 +1,12 @@
 """Composers whose deliverable is an answer: the user asks, the agent looks it up and replies; nothing changes."""
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
-from cowork_pipeline.synthesis.composers._common import V, mention, other_names, position
+from cowork_pipeline.synthesis.composers._common import V, first, mention, other_names, position, twin_person
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
 
@@ -29,7 +29,7 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
         inv["due_date"] = (BASE - timedelta(days=days)).strftime("%Y-%m-%d")
         overdue.append(inv)
     # what is not overdue: open but not yet due, and paid although its due date has passed
-    later = wb.add_invoice(acc)
+    wb.add_invoice(acc)
     paid = wb.add_invoice(acc, status="paid")
     paid["due_date"] = (BASE - timedelta(days=due.randint(3, 45))).strftime("%Y-%m-%d")
     if ctx.flaw("conflict"):  # the generator recorded every invoice as paid: there is nothing overdue to find
@@ -133,4 +133,81 @@ def travel_policy_question(ctx: Ctx) -> Composition:
         title=f"Tell the hotel limit for {city}", world=wb, turns=[Turn(user=user, answer=True)], reference=ref, items=items,
         targets={}, new_in=[], mentions=[mention("docs.documents", "title", title, "policy")],
         facts={"doc_id": doc["id"], "city": city, "limit": amount, "currency": cur},
+    )
+
+
+ROOMS = ["Fjord", "Atlas", "Summit", "Harbor", "Orchard", "Beacon", "Lagoon", "Granite"]
+
+
+def _slot(day: datetime, hour: int) -> str:
+    return f"{day:%A %Y-%m-%d} at {hour:02d}:00 UTC"
+
+
+@composer("next_meeting_question")
+def next_meeting_question(ctx: Ctx) -> Composition:
+    wb = ctx.world("Engineering")
+    me = wb.me
+    peer = wb.add_person()
+    slot = ctx.piece("slot")
+    day = (BASE + timedelta(days=1 + slot.randrange(3))).replace(hour=0, minute=0)
+    h = slot.randrange(9, 17)
+    rooms = ctx.piece("rooms").sample(ROOMS, 3)
+    title = f"1:1 {first(me['name'])} / {first(peer['name'])}"
+    one = wb.add_event(title, day.replace(hour=h), 30, [peer["email"]])
+    one["location"] = rooms[0]
+    # the same 1:1 last week (past) and next week (not the next one), and a team meeting with them before it
+    for weeks in (-1, 1):
+        wb.add_event(title, day.replace(hour=h) + timedelta(days=7 * weeks), 30, [peer["email"]])["location"] = rooms[0]
+    team = wb.add_event("Team sync", BASE.replace(hour=11 + slot.randrange(4)), 45, [peer["email"], wb.add_person()["email"]])
+    team["location"] = rooms[1]
+    for _ in range(ctx.near_duplicates):  # a namesake colleague with a 1:1 of the same title, sooner
+        twin = wb.add_person(first=first(peer["name"]))
+        wb.add_event(title, BASE.replace(hour=14) + timedelta(days=1), 30, [twin["email"]])["location"] = rooms[1]
+    if ctx.flaw("collision"):  # a second colleague with the very same name
+        twin_person(wb, peer, peer["team"])
+    if ctx.flaw("conflict"):  # the generator left the 1:1 cancelled: the next one is a week later
+        one["status"] = "cancelled"
+    moved = ctx.piece("move")
+    day2 = day + timedelta(days=moved.randrange(2))
+    h2 = moved.choice([x for x in range(9, 17) if (day2, x) != (day, h)])
+    new, dur = day2.replace(hour=h2), timedelta(minutes=30)
+    pi = position(wb, "directory.people", peer["id"], lambda r: matches(peer["name"], r["name"], r["email"], r["team"], r["role"]))
+    ei = position(wb, "calendar.events", one["id"],
+                  lambda r: r["status"] != "cancelled" and datetime.fromisoformat(r["end"]) > BASE
+                  and (peer["email"] in r["attendees"] or r["organizer"] == peer["email"]),
+                  key=lambda r: (datetime.fromisoformat(r["start"]), r["id"]))
+    user1 = f"When is my next 1:1 with {peer['name']}, and in which room? Times in UTC, please."
+    user2 = f"{first(peer['name'])} says they moved our 1:1. When and where is it now?"
+    t1 = ProgramTurn(steps=[
+        Step(tool="directory_search", args={"query": peer["name"]}, bind={"p": f"{pi}.email"}),
+        Step(tool="calendar_list_events", args={"start": BASE.strftime("%Y-%m-%dT%H:%M:%SZ"), "attendee": V("p")}, bind={"e": f"{ei}.id"}),
+        Step(tool="calendar_get_event", args={"event_id": V("e")}),
+    ], reply=f"Your next 1:1 with {peer['name']} is on {_slot(day, h)}, in {rooms[0]}.")
+    t2 = ProgramTurn(steps=[
+        Step(tool="calendar_get_event", args={"event_id": V("e")}),
+    ], reply=f"It is now on {_slot(day2, h2)}, in {rooms[2]}.")
+    event = Event(tool="calendar_update_event", actor="colleague", args={
+        "event_id": one["id"], "start": new.isoformat(), "end": (new + dur).isoformat(), "location": rooms[2]})
+    others = [n for n in other_names(wb.state, "directory.people", "name", peer["name"]) if n != me["name"]]  # no one else's 1:1
+    items = [
+        ItemPlan("next_given", f"The answer gives the next 1:1: {_slot(day, h)}, in {rooms[0]}",
+                 CheckSpec("answer", {"turn": 0, "includes": [rooms[0]], "when": {"date": f"{day:%Y-%m-%d}", "time": f"{h:02d}:00"},
+                                      "excludes": others},
+                           service="answer"), 2.0, turn=0, extra={"piece": "slot"}),
+        ItemPlan("looked_up", "The agent read the 1:1's record (its room) before answering",
+                 CheckSpec("looked_up", {"turn": 0, "shows": [one["id"], rooms[0]]}, service="calendar"), 1.0, turn=0,
+                 extra={"piece": "slot"}),
+        ItemPlan("moved_given", f"After the move the answer gives {_slot(day2, h2)}, in {rooms[2]}",
+                 CheckSpec("answer", {"turn": 1, "includes": [rooms[2]], "when": {"date": f"{day2:%Y-%m-%d}", "time": f"{h2:02d}:00"},
+                                      "excludes": others},
+                           service="answer"), 2.0, turn=1),
+        ItemPlan("looked_again", "The agent read the 1:1 again after it moved",
+                 CheckSpec("looked_up", {"turn": 1, "shows": [one["id"], rooms[2]]}, service="calendar"), 1.0, turn=1),
+    ]
+    return Composition(
+        title=f"Tell when the next 1:1 with {peer['name']} is", world=wb,
+        turns=[Turn(user=user1, answer=True), Turn(user=user2, events=[event], answer=True)],
+        reference=[t1, t2], items=items, targets={}, new_in=[],  # (the move is the colleague's change, not the agent's)
+        mentions=[mention("directory.people", "name", peer["name"], "colleague")],
+        facts={"event_id": one["id"], "colleague": peer["email"], "room": rooms[0], "moved_room": rooms[2]},
     )

@@ -1,8 +1,7 @@
 """Composers: invoice reconciliation, meeting scheduling, ticket triage + follow-up, quote follow-up."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from zoneinfo import ZoneInfo
+from datetime import datetime, timedelta
 
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn

@@ -8,9 +8,9 @@ from typing import Any, Callable
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
-from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names
+from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names, twin_person
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
-from cowork_pipeline.synthesis.world import BASE, DOMAIN, slug
+from cowork_pipeline.synthesis.world import BASE, slug
 
 def _pos(wb, coll: str, target: str, keep: Callable[[dict[str, Any]], bool],
          key: Callable[[dict[str, Any]], Any] = lambda r: r["id"], reverse: bool = False) -> int:
@@ -18,13 +18,6 @@ def _pos(wb, coll: str, target: str, keep: Callable[[dict[str, Any]], bool],
     reference binds the right row of what it observes."""
     rows = sorted((r for r in wb.state.get(coll, {}).values() if keep(r)), key=key, reverse=reverse)
     return [r["id"] for r in rows].index(target)
-
-
-def _twin_person(wb, like: dict[str, Any], team: str) -> dict[str, Any]:
-    """A second directory entry with exactly the same name (a generator collision)."""
-    f, l = like["name"].split(" ", 1)
-    return wb.put("directory.people", {"id": wb.id("usr"), "name": like["name"], "email": f"{slug(f)}.{slug(l)}2@{DOMAIN}",
-                                       "team": team, "role": "Contractor", "timezone": "UTC"})
 
 
 # ---- 1. contact update from an email signature -------------------------------------------
@@ -160,7 +153,7 @@ def task_from_email(ctx: Ctx) -> Composition:
                        date=_at(BASE - timedelta(days=9)), read=True)
         wb.add_task(f"{old_key.capitalize()}", wb.add_person()["email"], due=(BASE + timedelta(days=20)).strftime("%Y-%m-%d"))
     if ctx.flaw("collision"):  # a second directory entry with the sender's exact name
-        _twin_person(wb, sender, "Engineering")
+        twin_person(wb, sender, "Engineering")
     lookalike = None
     if ctx.near_duplicates or ctx.flaw("vague"):
         lookalike = wb.add_person(first=first(sender["name"]))

@@ -8,20 +8,13 @@ from typing import Any
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
-from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names
+from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names, twin_person
 from cowork_pipeline.synthesis.composers._common import position as _pos
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
-from cowork_pipeline.synthesis.world import BASE, DOMAIN, ROLES, slug
+from cowork_pipeline.synthesis.world import BASE, ROLES, slug
 
 def _day(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%d")
-
-
-def _twin_person(wb, like: dict[str, Any], team: str) -> dict[str, Any]:
-    """A second directory entry with exactly the same name (a generator collision)."""
-    f, l = like["name"].split(" ", 1)
-    return wb.put("directory.people", {"id": wb.id("usr"), "name": like["name"], "email": f"{slug(f)}.{slug(l)}2@{DOMAIN}",
-                                       "team": team, "role": ROLES[team], "timezone": "UTC"})
 
 
 def _twin_contact(wb, like: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +110,7 @@ def chat_escalation(ctx: Ctx) -> Composition:
     if ctx.flaw("conflict"):  # the generator left the customer's ticket solved, so there is no open one to escalate
         tkt["status"] = "solved"
     if ctx.flaw("collision"):  # a second directory entry with the engineer's exact name
-        _twin_person(wb, eng, "Marketing")
+        twin_person(wb, eng, "Marketing", ROLES["Marketing"])
     lookalike = None
     if ctx.near_duplicates or ctx.flaw("vague"):
         lookalike = wb.add_person(team="Engineering", first=first(eng["name"]))
@@ -188,7 +181,7 @@ def weekly_task_digest(ctx: Ctx) -> Composition:
     for i, t in enumerate(mate_t):  # a teammate's open tasks: not part of the digest
         wb.add_task(t, mate["email"], due=due(i), status="todo")
     if ctx.flaw("collision"):  # a second directory entry with the colleague's exact name
-        _twin_person(wb, col, "Sales")
+        twin_person(wb, col, "Sales", ROLES["Sales"])
     lookalike = None
     if ctx.near_duplicates or ctx.flaw("vague"):
         lookalike = wb.add_person(team="Support", first=first(col["name"]))
@@ -241,7 +234,7 @@ def onboarding_plan(ctx: Ctx) -> Composition:
         other = wb.add_person(team=team)
         wb.add_task(ONBOARDING[0][0], other["email"], due=_day(start - timedelta(days=7)))
     if ctx.flaw("collision"):  # a second directory entry with the new hire's exact name
-        _twin_person(wb, hire, "Support")
+        twin_person(wb, hire, "Support", ROLES["Support"])
     lookalike = None
     if ctx.near_duplicates or ctx.flaw("vague"):
         lookalike = wb.add_person(team="Finance" if team != "Finance" else "Sales", first=first(hire["name"]))
