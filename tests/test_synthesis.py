@@ -2569,6 +2569,29 @@ def ctl_answer_dates_as_numbers(spec, turns, ref):
             yield f"turn {ti}: dates as dd/mm/yyyy", _answered(spec, turns, ti, _ISO.sub(lambda m: f"{m.group(3)}/{m.group(2)}/{m.group(1)}", text))
 
 
+_ANSWER_CLOCK = re.compile(r"\b([01]\d|2[0-3]):([0-5]\d) UTC\b")
+
+
+def op_answer_time_an_hour_off(spec, turns, ref):
+    """An answer's time of day an hour later, still labelled UTC (a time-zone slip: 15:00 for 14:00 UTC)."""
+    for ti, text in _answers(spec):
+        m = _ANSWER_CLOCK.search(text)
+        if m:
+            later = f"{(int(m.group(1)) + 1) % 24:02d}:{m.group(2)} UTC"
+            yield f"turn {ti}: {m.group(0)} -> {later}", _answered(spec, turns, ti, text[:m.start()] + later + text[m.end():])
+
+
+def ctl_answer_time_with_am_pm(spec, turns, ref):
+    """CONTROL: an answer's times as "2:00 PM UTC" and its dates in words ("Tuesday, March 3"). Must still pass."""
+    def twelve(m):
+        h = int(m.group(1))
+        return f"{h % 12 or 12}:{m.group(2)} {'PM' if h >= 12 else 'AM'} UTC"
+    for ti, text in _answers(spec):
+        if _ANSWER_CLOCK.search(text):
+            new = _ISO.sub(lambda m: f"{datetime(int(m.group(1)), int(m.group(2)), int(m.group(3))):%B} {int(m.group(3))}", text)
+            yield f"turn {ti}: 12-hour times, dates in words", _answered(spec, turns, ti, _ANSWER_CLOCK.sub(twelve, new))
+
+
 def ctl_answer_respectively(spec, turns, ref):
     """CONTROL: an answer's list as one sentence, records, amounts and due dates each in order ("INV-1 and INV-2,
     for 8,350.00 and 2,100.00 USD, due ... respectively"). Must still pass."""
@@ -2618,6 +2641,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
              "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
              "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,
+             "answer_time_an_hour_off": op_answer_time_an_hour_off, "answer_time_with_am_pm (control)": ctl_answer_time_with_am_pm,
              "answer_respectively (control)": ctl_answer_respectively, "answer_amounts_first (control)": ctl_answer_amounts_first,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
