@@ -2204,15 +2204,25 @@ def ctl_day_month_year(spec, turns, ref):
         yield "dates as '5 March 2026'", _program(spec, m)
 
 
-def ctl_dates_as_numbers(spec, turns, ref):
-    """CONTROL: ISO dates in messages written as numbers, day first (2026-03-05 -> 05/03/2026). Must still pass."""
+def _retyped(spec, turns, retype, answers=True):
+    """The reference with every message text (and every answer) passed through ``retype``; None if none changed."""
     m, changed = copy.deepcopy(turns), False
     for ti, si, k, text in _outgoing_texts(turns):
-        new = _ISO_DAY.sub(lambda x: f"{x.group(3)}/{x.group(2)}/{x.group(1)}", text)
+        new = retype(text)
         if new != text:
             m[ti][si][1][k], changed = new, True
-    if changed:
-        yield "dates as '05/03/2026'", _program(spec, m)
+    replies = [spec.reference[i].reply for i in range(len(turns))]
+    for ti, text in (_answers(spec) if answers else []):
+        replies[ti] = retype(text)
+        changed = changed or replies[ti] != text
+    return _program(spec, m, replies) if changed else None
+
+
+def ctl_dates_as_numbers(spec, turns, ref):
+    """CONTROL: ISO dates in messages written as numbers, day first (2026-03-05 -> 05/03/2026). Must still pass."""
+    prog = _retyped(spec, turns, lambda t: _ISO_DAY.sub(lambda x: f"{x.group(3)}/{x.group(2)}/{x.group(1)}", t), answers=False)
+    if prog:
+        yield "dates as '05/03/2026'", prog
 
 
 def ctl_first_names(spec, turns, ref):
@@ -2262,17 +2272,9 @@ _EMPHASIS = re.compile(r"\b[A-Z]{2,}-\d+\b|\$?\d[\d,]*\.\d{2}(?: [A-Z]{3})?|\b20
 def ctl_markdown_emphasis(spec, turns, ref):
     """CONTROL: identifiers, amounts and dates in messages and answers set in markdown bold (**INV-6803**,
     **4830.00 USD**), as chat models write them. Must still pass."""
-    m, changed = copy.deepcopy(turns), False
-    for ti, si, k, text in _outgoing_texts(turns):
-        new = _EMPHASIS.sub(lambda x: f"**{x.group(0)}**", text)
-        if new != text:
-            m[ti][si][1][k], changed = new, True
-    replies = [spec.reference[i].reply for i in range(len(turns))]
-    for ti, text in _answers(spec):
-        replies[ti] = _EMPHASIS.sub(lambda x: f"**{x.group(0)}**", text)
-        changed = changed or replies[ti] != text
-    if changed:
-        yield "identifiers, amounts and dates in bold", _program(spec, m, replies)
+    prog = _retyped(spec, turns, lambda t: _EMPHASIS.sub(lambda x: f"**{x.group(0)}**", t))
+    if prog:
+        yield "identifiers, amounts and dates in bold", prog
 
 
 def ctl_typographic_punctuation(spec, turns, ref):
@@ -2282,17 +2284,9 @@ def ctl_typographic_punctuation(spec, turns, ref):
         text = re.sub(r"\b([A-Z]{2,})-(\d+)", "\\1\u2011\\2", text)
         text = re.sub(r"'([^']+)'", "\u2018\\1\u2019", text)
         return text.replace(" - ", " \u2013 ")
-    m, changed = copy.deepcopy(turns), False
-    for ti, si, k, text in _outgoing_texts(turns):
-        new = typeset(text)
-        if new != text:
-            m[ti][si][1][k], changed = new, True
-    replies = [spec.reference[i].reply for i in range(len(turns))]
-    for ti, text in _answers(spec):
-        replies[ti] = typeset(text)
-        changed = changed or replies[ti] != text
-    if changed:
-        yield "typographic hyphens, quotes and dashes", _program(spec, m, replies)
+    prog = _retyped(spec, turns, typeset)
+    if prog:
+        yield "typographic hyphens, quotes and dashes", prog
 
 
 def ctl_reply_quotes_the_original(spec, turns, ref):
