@@ -326,3 +326,16 @@ def test_the_next_meeting_answer_is_the_1_1_itself_at_its_time_and_room(sb, meet
         assert not g.passed and g.failed_items() == ["next_given"], (text, g.items)
     stale = _answered(sb, spec, [first, first])
     assert not stale.passed and stale.failed_items() == ["moved_given"]
+
+
+def test_a_meeting_answer_checker_blind_to_the_room_is_caught(validator, meetings):
+    """A checker that reads the answer's day and time but not its room: the answer giving another record's room (the
+    validator's wrong_value for a stated place) passes it, and so does a wrong weekday beside the date."""
+    spec, _cert = meetings[0]
+    start = spec.world["calendar.events"][spec.facts["event_id"]]["start"]
+    code = (f"def check(ev):\n    r = ev['replies']\n    return len(r) > 0 and bool(r[0]) and {start[:10]!r} in r[0] and {start[11:16]!r} in r[0]"
+            " and ' or ' not in r[0]\n")
+    cert = validator.certify(_planted(_with_code(spec, "next_given", code)))
+    survived = [d for d in cert.diagnostics if d.code == "mutation_survived"]
+    assert cert.reference_pass and not cert.certified and survived, cert.diagnostics
+    assert any(d.detail["operator"] == "wrong_value" and spec.facts["room"] in d.message for d in survived), [d.message for d in survived]

@@ -234,6 +234,8 @@ MESSAGE_TEXT = {"mail_send": "body", "mail_reply": "body", "mail_forward": "note
 ANSWER = "(answer)"
 MESSAGE_TEXT[ANSWER] = "text"
 _NAME_FIELDS = ("number", "title", "name", "location", "id")  # (location: a meeting's room)
+# Fields whose value an answer states as a fact (the room it is in), not as a name a look-alike could be mistaken for
+_VALUE_FIELDS = ("location",)
 # A message that says nothing: its text, its subject (where the tool takes one) and its attachments.
 # A forward is left out: the forwarded message is its content, the note beside it optional.
 EMPTY_TEXT, EMPTY_SUBJECT = "OK.", "Update"
@@ -525,6 +527,10 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
     out: list[Mutant] = []
     asked = _asked(env, base)
     said = {ti: env.reference[ti].reply for ti in asked}
+    # the rooms of the world's records, and those a world event moves a record to
+    recs = [r for rs in env.world.values() if isinstance(rs, dict) for r in rs.values() if isinstance(r, dict)]
+    recs += [e.args for t in env.turns for e in t.events]
+    places = sorted({v for r in recs for f in _VALUE_FIELDS for v in [r.get(f)] if isinstance(v, str) and len(v) >= 3}) if asked else []
 
     def answered(op: str, ti: int, text: str, what: str) -> Mutant:
         return Mutant(op, f"answer in turn {ti}: {what}", _program(env, base, {ti: text}), "answer", ANSWER, meta={"turn": ti})
@@ -541,6 +547,16 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
             v = float(m.group(0))
             other = f"{v + 100 if v < 1000 else round(v * 1.1, -1):.2f}"
             out.append(answered("wrong_value", ti, said[ti][:m.start()] + other + said[ti][m.end():], f"{m.group(0)} -> {other}"))
+        told = env.turns[ti].user.lower()
+        for p in places:  # "in Atlas" -> "in Fjord": another record's room
+            if p.lower() not in told and _named(said[ti], p):
+                other = next((o for o in places if not _named(said[ti], o)), None)
+                if other is not None:
+                    new = said[ti]
+                    for i in reversed(_spots(new, p)):
+                        new = new[:i] + other + new[i + len(p):]
+                    out.append(answered("wrong_value", ti, new, f"{p!r} -> {other!r}"))
+                break
         c = _COUNT.search(said[ti])
         if c is not None:  # "has 3 overdue invoices" -> "has 4 overdue invoices"
             more = str(int(c.group(1)) + 1)
