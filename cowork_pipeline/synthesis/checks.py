@@ -466,7 +466,8 @@ def date_forms(iso: str) -> list[str]:
     for a, b in ((d, m), (m, d)):
         forms += [f"{a:02d}/{b:02d}/{y}", f"{a}/{b}/{y}"]
     forms += [f"{d:02d}.{m:02d}.{y}", f"{d}.{m}.{y}"]
-    return list(dict.fromkeys(forms))
+    # (repeats kept: a list of one length for every date keeps every checker of a template on one compiled skeleton)
+    return forms
 
 
 def name_form(s: str) -> str:
