@@ -10,16 +10,22 @@ from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
 from cowork_pipeline.evaluation import aggregate, comparison_table, evaluate
 from cowork_pipeline.quality import Expect
+from cowork_pipeline.training.registry import latest_trained
 from resources import ComputeResource, LakeResource, ProfileResource
 
 HELDOUT = ("heldout_env", "heldout_capability")
 
 
-def _latest(ckpts: pl.DataFrame, kind: str) -> list[dict]:
-    rows = ckpts.filter(pl.col("kind") == kind)
-    if kind == "rl":
-        return rows.sort("checkpoint_id").to_dicts()
-    return rows.tail(1).to_dicts()
+def _agents(ckpts: pl.DataFrame) -> list[dict]:
+    """The base and SFT checkpoints trained last, and the RL checkpoints grown from that SFT one (a re-run with other
+    settings leaves the earlier rows registered: they are history, not agents to score)."""
+    out = []
+    for kind in ("base", "sft"):
+        latest = latest_trained(ckpts.filter(pl.col("kind") == kind).to_dicts())
+        out += [latest] if latest else []
+    sft = out[-1]["checkpoint_id"] if out and out[-1]["kind"] == "sft" else None
+    rl = ckpts.filter((pl.col("kind") == "rl") & ((pl.col("base_checkpoint_id") == sft) if sft else pl.lit(True)))
+    return out + rl.sort("checkpoint_id").to_dicts()
 
 
 @dg.asset(group_name="evaluation", code_version="1", deps=["checkpoints", "rl_checkpoints", "environment_splits"],
@@ -42,7 +48,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
             upstream["rl_checkpoints"] = v_rl
         except Exception as e:  # RL is optional: score what exists, say why RL is missing
             context.log.warning(f"rl_checkpoints not used: {e}")
-    agents = [(r["kind"], r["checkpoint_id"], r["path"]) for kind in ("base", "sft", "rl") for r in _latest(ckpts, kind)]
+    agents = [(r["kind"], r["checkpoint_id"], r["path"]) for r in _agents(ckpts)]
     frames = []
     device = compute.resolve()
     with Sandbox(workers=profile.sandbox_workers) as sb:

@@ -30,10 +30,11 @@ def rl_training(context: AssetExecutionContext, lake: LakeResource, profile: Pro
 
     lk = lake.lake()
     ckpts, v_c = lk.read_promoted("checkpoints")
-    sft = ckpts.filter(pl.col("kind") == "sft").tail(1).to_dicts()
-    if not sft:
+    from cowork_pipeline.training.registry import latest_trained
+
+    base = latest_trained(ckpts.filter(pl.col("kind") == "sft").to_dicts())  # the one trained last, whatever the row order
+    if base is None:
         raise dg.Failure("no SFT checkpoint in the promoted checkpoints table to start RL from")
-    base = sft[0]
     envs, upstream = envs_by_split(lk, ("train",), max(1, profile.rl_envs // 15) if profile.rl_envs else None)
     envs = envs[: profile.rl_envs] if profile.rl_envs else envs
     upstream["checkpoints"] = v_c

@@ -340,3 +340,31 @@ def test_sft_settings_resolve_per_kind_of_checkpoint():
     assert (pretrained.lora, pretrained.assistant_only_loss) == (True, True)
     explicit = resolve_settings(SFTSettings(lora=True, assistant_only_loss=True), student=True)
     assert (explicit.lora, explicit.assistant_only_loss) == (True, True)
+
+
+def test_the_current_checkpoint_is_the_one_trained_last_not_the_last_row(tmp_path):
+    """The checkpoint registry is upserted (a Delta merge keeps no row order): after a re-run with other settings
+    the new SFT checkpoint may come first. The benchmark and RL take the one trained last, and score only the RL
+    checkpoints grown from it."""
+    import os
+
+    import polars as pl
+
+    from assets.evaluation import _agents
+    from cowork_pipeline.training.registry import latest_trained
+
+    old, new = tmp_path / "sft-s1000", tmp_path / "sft-s1300"
+    for d, t in ((old, 1_000_000), (new, 2_000_000)):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x")
+        os.utime(d / "model.safetensors", (t, t))
+    rows = [{"checkpoint_id": "sft-s1300", "kind": "sft", "path": str(new), "base_checkpoint_id": "base"},
+            {"checkpoint_id": "sft-s1000", "kind": "sft", "path": str(old), "base_checkpoint_id": "base"}]
+    assert latest_trained(rows)["checkpoint_id"] == "sft-s1300"
+    assert latest_trained(list(reversed(rows)))["checkpoint_id"] == "sft-s1300"
+    gone = {"checkpoint_id": "sft-gone", "kind": "sft", "path": str(tmp_path / "missing"), "base_checkpoint_id": "base"}
+    assert latest_trained([gone, *rows])["checkpoint_id"] == "sft-s1300" and latest_trained([gone]) is gone and latest_trained([]) is None
+    table = pl.DataFrame(rows + [{"checkpoint_id": "base", "kind": "base", "path": str(tmp_path), "base_checkpoint_id": None},
+                                 {"checkpoint_id": "rl-a-sft-s1000", "kind": "rl", "path": str(old), "base_checkpoint_id": "sft-s1000"},
+                                 {"checkpoint_id": "rl-a-sft-s1300", "kind": "rl", "path": str(new), "base_checkpoint_id": "sft-s1300"}])
+    assert [r["checkpoint_id"] for r in _agents(table)] == ["base", "sft-s1300", "rl-a-sft-s1300"]

@@ -1,0 +1,30 @@
+"""Which registered checkpoint is the current one.
+
+The checkpoint registry is a Delta table upserted by checkpoint id, and a merge keeps no row order: after a
+re-run with other training settings the newly trained checkpoint may sit before the one it replaces. "Latest"
+is therefore the checkpoint whose files were written last, not the last row."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def trained_at(path: str) -> float:
+    """When the checkpoint at ``path`` was last written (its newest file); -1 when it is not on this machine."""
+    p = Path(path)
+    try:
+        files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p]
+        return max(f.stat().st_mtime for f in files) if files else p.stat().st_mtime
+    except (OSError, ValueError):
+        return -1.0
+
+
+def latest_trained(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row of the most recently trained checkpoint among ``rows`` (each with a ``path``); a tie or a
+    checkpoint not on disk keeps table order (the later row wins)."""
+    best, best_t = None, float("-inf")
+    for r in rows:
+        t = trained_at(str(r.get("path") or ""))
+        if t >= best_t:
+            best, best_t = r, t
+    return best
