@@ -2517,15 +2517,20 @@ def _amounts_first(head, rows, amounts):
     return f"{head}: {', '.join(items[:-1])} and {items[-1]}."
 
 
-def op_answer_amounts_swapped_in_one_sentence(spec, turns, ref):
-    """An answer's list as one sentence, the records first and then their amounts in order ("INV-1 and INV-2, for
-    2,100.00 and 8,350.00 USD respectively"), two records' amounts swapped."""
+def _two_amounts_swapped(spec, turns, write, label):
+    """Each answer's list rewritten by ``write(head, rows, amounts)`` with its first two records' amounts swapped."""
     for ti, text in _answers(spec):
         head, rows = _answer_rows(text)
         amounts = [f"{float(r[1]):,.2f}" for r in rows]
         if len(rows) >= 2 and amounts[0] != amounts[1]:
             amounts[0], amounts[1] = amounts[1], amounts[0]
-            yield f"turn {ti}: respectively, amounts swapped", _answered(spec, turns, ti, _respectively(head, rows, amounts))
+            yield f"turn {ti}: {label}", _answered(spec, turns, ti, write(head, rows, amounts))
+
+
+def op_answer_amounts_swapped_in_one_sentence(spec, turns, ref):
+    """An answer's list as one sentence, the records first and then their amounts in order ("INV-1 and INV-2, for
+    2,100.00 and 8,350.00 USD respectively"), two records' amounts swapped."""
+    yield from _two_amounts_swapped(spec, turns, _respectively, "respectively, amounts swapped")
 
 
 def op_answer_dates_swapped_in_one_sentence(spec, turns, ref):
@@ -2540,12 +2545,7 @@ def op_answer_dates_swapped_in_one_sentence(spec, turns, ref):
 def op_answer_amounts_first_swapped(spec, turns, ref):
     """An answer that gives each amount before its record ("2,100.00 USD on INV-1, 8,350.00 USD on INV-2"), two
     records' amounts swapped."""
-    for ti, text in _answers(spec):
-        head, rows = _answer_rows(text)
-        amounts = [f"{float(r[1]):,.2f}" for r in rows]
-        if len(rows) >= 2 and amounts[0] != amounts[1]:
-            amounts[0], amounts[1] = amounts[1], amounts[0]
-            yield f"turn {ti}: amounts first, swapped", _answered(spec, turns, ti, _amounts_first(head, rows, amounts))
+    yield from _two_amounts_swapped(spec, turns, _amounts_first, "amounts first, swapped")
 
 
 def op_answer_with_a_wrong_total(spec, turns, ref):
