@@ -209,7 +209,7 @@ def _attributed(part, names, found, before):
             if before or pos > spots[0][0]:
                 out = out + [(order[0], v)]
         return out
-    if spots[-1][0] < found[0][0]:  # one value after all names: each name's ("both are due march 5")
+    if spots[-1][0] < found[0][0]:  # every value after every name: in the names' order, or one for all ("both due march 5")
         for i in range(len(order)):
             if len(found) == 1 or i < len(found):
                 out = out + [(order[i], found[i if len(found) > 1 else 0][1])]
