@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
-from cowork_pipeline.synthesis.composers._common import V, first, mention, other_names, position, twin_person
+from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names, position, twin_person
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
 
@@ -180,7 +180,7 @@ def next_meeting_question(ctx: Ctx) -> Composition:
     user2 = f"{first(peer['name'])} says they moved our 1:1. When and where is it now?"
     t1 = ProgramTurn(steps=[
         Step(tool="directory_search", args={"query": peer["name"]}, bind={"p": f"{pi}.email"}),
-        Step(tool="calendar_list_events", args={"start": BASE.strftime("%Y-%m-%dT%H:%M:%SZ"), "attendee": V("p")}, bind={"e": f"{ei}.id"}),
+        Step(tool="calendar_list_events", args={"start": _at(BASE), "attendee": V("p")}, bind={"e": f"{ei}.id"}),
         Step(tool="calendar_get_event", args={"event_id": V("e")}),
     ], reply=f"Your next 1:1 with {peer['name']} is on {_slot(day, h)}, in {rooms[0]}.")
     t2 = ProgramTurn(steps=[
