@@ -2195,13 +2195,10 @@ def ctl_clock_with_am_pm(spec, turns, ref):
 
 def ctl_day_month_year(spec, turns, ref):
     """CONTROL: ISO dates in messages written day first, month in words (2026-03-05 -> 5 March 2026). Must still pass."""
-    m, changed = copy.deepcopy(turns), False
-    for ti, si, k, text in _outgoing_texts(turns):
-        new = _ISO_DAY.sub(lambda x: f"{int(x.group(3))} {datetime(2000, int(x.group(2)), 1):%B} {x.group(1)}", text)
-        if new != text:
-            m[ti][si][1][k], changed = new, True
-    if changed:
-        yield "dates as '5 March 2026'", _program(spec, m)
+    prog = _retyped(spec, turns, lambda t: _ISO_DAY.sub(lambda x: f"{int(x.group(3))} {datetime(2000, int(x.group(2)), 1):%B} {x.group(1)}", t),
+                    answers=False)
+    if prog:
+        yield "dates as '5 March 2026'", prog
 
 
 def _retyped(spec, turns, retype, answers=True):
