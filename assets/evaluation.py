@@ -53,7 +53,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
     device = compute.resolve()
     with Sandbox(workers=profile.sandbox_workers) as sb:
         for kind, ckpt_id, path in agents:
-            agent = HFAgent(path, device=device, max_new_tokens=160, seed=profile.seed)
+            agent = HFAgent(path, device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed)
             agent.name = f"{kind}:{ckpt_id}"
             df = evaluate(agent, envs, sb, trials=profile.eval_trials, fault_rate=profile.eval_fault_rate, checkpoint_id=ckpt_id,
                           seed=profile.seed)

@@ -160,7 +160,8 @@ def sft_checkpoint(context: AssetExecutionContext, lake: LakeResource, profile: 
     finite = bool(curve) and all(math.isfinite(r["loss"]) for r in curve)
     metrics = {"first_loss": curve[0]["loss"] if curve else None, "last_loss": curve[-1]["loss"] if curve else None,
                "train_tokens": result.train_tokens, "tokens_per_second": round(result.tokens_per_second, 1), "steps": result.steps,
-               "runtime_s": round(result.train_runtime_s, 1), "lora": result.lora}
+               "runtime_s": round(result.train_runtime_s, 1), "lora": result.lora,
+               "max_length": result.max_length, "truncated_demonstrations": result.truncated}
     yield dg.MaterializeResult(asset_key="sft_checkpoint", metadata={
         "checkpoint_id": ckpt_id, "path": str(result.checkpoint), "device": result.device, **{k: v for k, v in metrics.items() if v is not None},
         "loss_curve_table_version": v_curve, "loss_plot": _loss_plot(curve, ckpt_id) if curve else "no loss logged"})

@@ -130,6 +130,9 @@ class ProfileResource(dg.ConfigurableResource):
     eval_trials: int = 2
     eval_fault_rate: float = 0.1
     eval_envs_per_capability: int = 3
+    # Tokens one agent turn may take, in RL rollouts and the benchmark alike. The embedded student's longest
+    # demonstrated turn is ~150 tokens (a schedule_meeting invitation); RL's former 128 cut every such turn.
+    max_new_tokens: int = 256
     sft_epochs: float = 3.0
     # Measured on 2 cores (2026-12-02): a 128-wide student with a 2,048-token vocabulary trains ~4x faster per
     # demonstration than 256/4,096, and more steps on more distinct demonstrations beat more epochs on fewer.

@@ -330,6 +330,27 @@ def test_foreign_checkpoint_gets_lora_and_chat_tokens(corpus, dataset, tmp_path)
     assert agent.act(prompt(), TOOLS)["role"] == "assistant"
 
 
+def test_sft_keeps_whole_demonstrations_up_to_the_checkpoint_context(student_dir, tmp_path):
+    """The default cap is the checkpoint's context: TRL keeps a sequence's start, so a smaller cap would cut the
+    end of the longest demonstrations (their last calls and answer); a cap a user sets is reported when it bites."""
+    from cowork_pipeline.training.sft import SFTSettings, to_sft_dataset, train_sft
+
+    demos = demonstrations(4)
+    listing = json.dumps([{"title": f"Sync {i}", "start": f"2026-03-{i % 28 + 1:02d}T10:00"} for i in range(15)])
+    for d in demos[:2]:  # a long tool result before the final answer, as a calendar listing is
+        d["messages"][3] = {**d["messages"][3], "content": listing}
+    model, tok = load_checkpoint(student_dir, device="cpu")
+    tok.chat_template = CHAT_TEMPLATE
+    lengths = [len(tok(tok.apply_chat_template(d["messages"], tools=d["tools"], tokenize=False))["input_ids"]) for d in demos]
+    assert min(lengths[:2]) > 400 and max(lengths) < TINY.max_position_embeddings and max(lengths[2:]) <= 400
+
+    whole = train_sft(student_dir, to_sft_dataset(demos), tmp_path / "whole", SFTSettings(max_steps=1, batch_size=2, device="cpu"))
+    assert (whole.max_length, whole.truncated) == (TINY.max_position_embeddings, 0)
+    capped = train_sft(student_dir, to_sft_dataset(demos), tmp_path / "capped",
+                       SFTSettings(max_steps=1, batch_size=2, max_length=400, device="cpu"))
+    assert (capped.max_length, capped.truncated) == (400, 2)
+
+
 # --- settings -----------------------------------------------------------------------------------------------
 def test_sft_settings_resolve_per_kind_of_checkpoint():
     from cowork_pipeline.training.sft import SFTSettings, resolve_settings

@@ -87,7 +87,7 @@ class RLConfig:
     clip: float = 0.2
     inner_epochs: int = 1
     temperature: float = 1.0
-    max_new_tokens: int = 128
+    max_new_tokens: int = 256  # per turn; a turn cut short is a malformed call
     seed: int = 0
     # Loop knobs shared by every configuration (not part of the comparison).
     top_p: float = 1.0  # must stay 1.0 (validated): ratios assume the untruncated temperature-T distribution

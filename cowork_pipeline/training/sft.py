@@ -101,7 +101,10 @@ class SFTSettings:
     lr: float = 1e-3
     batch_size: int = 8
     grad_accum: int = 1
-    max_length: int = 2048
+    # None: the base checkpoint's context (max_position_embeddings), the most its rollouts can ever see. TRL keeps
+    # the start of a longer sequence, so a cap below the context cuts the end of the longest demonstrations: their
+    # last calls and final answer (at 2,048 tokens, 3 in 4 calendar demonstrations lost the booking itself).
+    max_length: int | None = None
     max_steps: int = -1  # > 0 overrides epochs
     warmup: float = 0.05  # ratio of total steps if < 1, else steps
     weight_decay: float = 0.0
@@ -143,6 +146,9 @@ class SFTResult:
     lora: bool = False
     steps: int = 0
     train_runtime_s: float = 0.0
+    max_length: int | None = None
+    # Demonstrations as long as the cap after TRL's preparation (their end cut off, or exactly that long).
+    truncated: int = 0
 
 
 def ensure_chat_tokens(tokenizer: Any, model: Any) -> list[int]:
@@ -274,6 +280,12 @@ def resolve_settings(settings: SFTSettings, *, student: bool) -> SFTSettings:
                    assistant_only_loss=settings.assistant_only_loss if settings.assistant_only_loss is not None else not student)
 
 
+def context_length(model: Any) -> int | None:
+    """The number of positions ``model`` was built for (None if its config does not say)."""
+    n = getattr(model.config, "max_position_embeddings", None)
+    return int(n) if n else None
+
+
 def sft_config(out_dir: str | Path, settings: SFTSettings, device: str, *, lora: bool, pointer: bool = False) -> Any:
     """Our SFTConfig. CPU: fp32, no gradient checkpointing (TRL's defaults, bf16 autocast + checkpointing, are
     far slower on CPU), no reporting, no hub, no intermediate checkpoints."""
@@ -349,6 +361,8 @@ def train_sft(
     dtype = torch.bfloat16 if (use_lora and device.startswith("cuda")) else torch.float32
     # Loaded before anything is written: a bad base raises CheckpointError naming it and leaves out_dir untouched.
     model, tokenizer = load_checkpoint(base, device="cpu", dtype=dtype)
+    if settings.max_length is None:
+        settings = replace(settings, max_length=context_length(model))
     tokenizer.chat_template = CHAT_TEMPLATE  # the one rendering, whatever the base shipped with
     added = ensure_chat_tokens(tokenizer, model)
     out = Path(out_dir)
@@ -384,6 +398,8 @@ def train_sft(
     )
     from transformers.trainer_callback import PrinterCallback
 
+    truncated = sum(1 for ids in trainer.train_dataset["input_ids"] if len(ids) >= settings.max_length) \
+        if settings.max_length else 0
     trainer.remove_callback(PrinterCallback)  # disable_tqdm swaps in a stdout printer; logs go to on_log instead
     started = time.perf_counter()
     output = trainer.train()
@@ -417,4 +433,6 @@ def train_sft(
         lora=use_lora,
         steps=int(trainer.state.global_step),
         train_runtime_s=runtime,
+        max_length=settings.max_length,
+        truncated=truncated,
     )
