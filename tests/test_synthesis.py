@@ -302,7 +302,8 @@ def test_a_date_as_numbers_with_its_year_states_it_either_way_round():
 
 def test_a_weekday_that_contradicts_its_date_fails():
     """Any message check: a weekday beside a date must be that date's ("Friday 2026-03-05" is a Thursday's
-    date); with ``when`` also in words ("Friday, March 5th"). A weekday elsewhere in the text is not judged."""
+    date); with ``when`` also in words ("Friday, March 5th"), and as numbers either way round ("Friday
+    05/03/2026" is neither Thursday March 5 nor Sunday May 3). A weekday elsewhere in the text is not judged."""
     when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "15:00"}}))
     for text in ("Design critique moves to Thursday 2026-03-05 at 15:00.", "Design critique: Thursday, March 5th at 3pm",
                  "Design critique: 2026-03-05 (Thu.) 15:00", "Design critique: see you Monday. 2026-03-05 at 15:00 it is"):
@@ -314,6 +315,14 @@ def test_a_weekday_that_contradicts_its_date_fails():
     assert _run_check(notice, _sent_evidence("Off", "Design critique on Wednesday 2026-03-04 is cancelled."))
     assert not _run_check(notice, _sent_evidence("Off", "Design critique on Thursday 2026-03-04 is cancelled."))
     assert _run_check(notice, _sent_evidence("Off", "Design critique on Friday, March 5th is cancelled."))  # no year to judge it by
+    # a date as numbers reads day first or month first; the weekday beside it must fit one reading
+    for text in ("Design critique: Thursday 05/03/2026 at 15:00.", "Design critique: Thu, 3/5/2026, 3pm",
+                 "Design critique: 05.03.2026 (Thursday) 15:00"):
+        assert _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique: Friday 05/03/2026 at 15:00.", "Design critique: Fri, 3/5/2026, 3pm",
+                 "Design critique: 05.03.2026 (Friday) 15:00"):
+        assert not _run_check(when, _sent_evidence("Moved", text)), text
+    assert not _run_check(notice, _sent_evidence("Off", "Design critique on Tuesday 04/03/2026 is cancelled."))
 
 
 @pytest.mark.parametrize("text, ok", [

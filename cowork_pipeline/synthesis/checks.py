@@ -88,7 +88,7 @@ def _hedges(t):
 
 def _weekday_clash(t, year):
     days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
-    if (not year and "-" not in t) or not any(d in t for d in days):
+    if (not year and "-" not in t and "/" not in t) or not any(d in t for d in days):
         return False  # no date a weekday could contradict, or no weekday (most messages): no regex
     import re
     from datetime import date
@@ -111,6 +111,20 @@ def _weekday_clash(t, year):
             except ValueError:
                 return True  # no such date (2026-02-30)
             if days[when.weekday()] != m.group(w):
+                return True
+    # a date as numbers reads day first or month first: the weekday beside it must fit one reading ("friday
+    # 05/03/2026" fits neither thursday march 5 nor sunday may 3)
+    numeric = "([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])"
+    for pattern, w in ((wd + "[ ]+(?:the[ ]+)?" + numeric, 1), (numeric + "[ ]*[(]?" + wd, 4)):
+        for m in re.finditer(pattern, t):
+            a, b, y = m.group(w % 4 + 1), m.group(w % 4 + 2), m.group(w % 4 + 3)
+            fits = False
+            for mo, d in ((b, a), (a, b)):
+                try:
+                    fits = fits or days[date(int(y), int(mo), int(d)).weekday()] == m.group(w)
+                except ValueError:
+                    pass
+            if not fits:
                 return True
     return False
 
