@@ -7,6 +7,7 @@ environment solved if any of its k trials passed; Pass^k only if all k did.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -23,7 +24,10 @@ TRIAL_SCHEMA = {"agent": pl.String, "checkpoint_id": pl.String, "env_id": pl.Str
                 "trial": pl.Int64, "fault_rate": pl.Float64, "faulted": pl.Boolean, "multi_turn": pl.Boolean,
                 "difficulty_bucket": pl.String, "passed": pl.Boolean, "completion": pl.Float64, "safety": pl.Boolean,
                 "robustness": pl.Float64, "score": pl.Float64, "faults_injected": pl.Int64, "faults_recovered": pl.Int64,
-                "termination": pl.String, "n_tool_calls": pl.Int64, "failed_items": pl.List(pl.String)}
+                "termination": pl.String, "n_tool_calls": pl.Int64, "failed_items": pl.List(pl.String),
+                # what the agent did, so a failed item traces to the call or answer behind it (raw text of
+                # unparseable outputs included)
+                "termination_detail": pl.String, "messages_json": pl.String}
 
 
 def robustness(traj: Trajectory, completed: bool = True) -> tuple[float, int, int]:
@@ -51,7 +55,8 @@ def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, c
             "difficulty_bucket": difficulty_of(env)[1], "passed": g.passed, "completion": round(g.completion, 4), "safety": g.safety,
             "robustness": round(robust, 4), "score": round(task_score(g, robust), 4), "faults_injected": injected,
             "faults_recovered": recovered, "termination": traj.termination, "n_tool_calls": len(traj.steps),
-            "failed_items": g.failed_items()}
+            "failed_items": g.failed_items(), "termination_detail": traj.termination_detail,
+            "messages_json": json.dumps(traj.messages, ensure_ascii=False, default=str)}
 
 
 def evaluate(agent: Any, envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: Any, *, trials: int = 3, fault_rate: float = 0.1,

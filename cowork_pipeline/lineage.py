@@ -274,6 +274,16 @@ class _Tracer:
         hit = df.filter(pl.col(column) == value)
         return hit.row(0, named=True) if len(hit) else {}
 
+    def transcript(self, version: int, trial: dict[str, Any]) -> str | None:
+        """A benchmark trial's ``messages_json`` (heavy: read for the one trial a node shows)."""
+        keys = [k for k in ("run_id", "agent", "checkpoint_id", "env_id", "trial") if trial.get(k) is not None]
+        try:
+            df = self.lake.read("benchmark_scores", version=version, columns=[*keys, "messages_json"])
+        except Exception:  # noqa: BLE001 - a missing table, or one written before transcripts were kept
+            return None
+        hit = df.filter(pl.all_horizontal([pl.col(k) == trial[k] for k in keys]))
+        return hit["messages_json"][0] if len(hit) else None
+
     def history(self, table: str) -> list[dict[str, Any]]:
         if table not in self._history:
             try:
@@ -408,7 +418,8 @@ class _Tracer:
             n = self.node("score", score_id(run, ckpt, env_id, t["trial"]), hit, f"{t['agent']} on {env_id}, trial {t['trial']}")
             n.attrs = {k: t.get(k) for k in ("agent", "checkpoint_id", "env_id", "capability_id", "split", "trial", "faulted",
                                              "score", "passed", "completion", "safety", "robustness", "failed_items", "termination",
-                                             "n_tool_calls") if k in t}
+                                             "n_tool_calls", "termination_detail") if k in t and t.get(k) not in (None, "")}
+            n.attrs.update(_transcript_summary(self.transcript(version, t)))
         else:
             n = self.node("score", f"score:{run}:{ckpt}:{env_id}", hit, f"{first['agent']} on {env_id}, {len(trials)} trials")
             n.attrs = {"agent": first["agent"], "checkpoint_id": ckpt, "env_id": env_id, "split": first.get("split"),
@@ -804,6 +815,23 @@ def _build(t: _Tracer, kind: str, table: str, key: str) -> LineageNode | None:
             node.children.append(s)
         return node
     raise AssertionError(kind)
+
+
+def _transcript_summary(messages_json: str | None) -> dict[str, Any]:
+    """The calls a benchmark trial made, in order, and its last reply (the full transcript stays in the row's
+    ``messages_json``); {} for rows written before transcripts were kept."""
+    if not messages_json:
+        return {}
+    try:
+        msgs = json.loads(messages_json)
+    except ValueError:
+        return {"transcript": "unreadable messages_json"}
+    calls = [c.get("function", {}).get("name") for m in msgs if m.get("role") == "assistant" for c in (m.get("tool_calls") or [])]
+    replies = [m.get("content") for m in msgs if m.get("role") == "assistant" and m.get("content")]
+    out: dict[str, Any] = {"calls": calls}
+    if replies:
+        out["last_reply"] = replies[-1] if len(replies[-1]) <= 240 else replies[-1][:240] + "..."
+    return out
 
 
 def trace(lake: Lake, any_id: str, *, max_items: int = 3) -> LineageNode:

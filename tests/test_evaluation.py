@@ -1,4 +1,5 @@
 """Benchmark metrics on planted trajectories: Pass@k vs Pass^k, safety zeroing, robustness, the comparison table."""
+import json
 import polars as pl
 import pytest
 
@@ -89,6 +90,11 @@ def test_evaluate_scores_teacher_and_do_nothing_agent(env, sandbox):
     teacher = evaluate(ProgramAgent(env.reference, name="teacher"), [(env, "heldout_env")], sandbox, trials=2, fault_rate=0.3)
     assert len(teacher) == 3  # 2 faulted trials + 1 clean
     assert teacher["passed"].all() and teacher["score"].min() == pytest.approx(1.0)
+    # each trial keeps its transcript: the task as asked and every call the agent made
+    for row in teacher.iter_rows(named=True):
+        msgs = json.loads(row["messages_json"])
+        assert (msgs[0]["role"], msgs[1]["role"], msgs[1]["content"]) == ("system", "user", env.turns[0].user)
+        assert sum(len(m.get("tool_calls") or []) for m in msgs) == row["n_tool_calls"]
 
     class Idle:
         name = "idle"

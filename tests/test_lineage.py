@@ -94,6 +94,10 @@ def test_trace_from_a_benchmark_score(run, capsys):
     tree = trace(lake, sid)
     assert tree.kind == "score" and tree.id == sid and tree.version == v_scores and tree.run_id == row["run_id"]
     assert tree.upstream_versions == json.loads(row["_upstream_versions"])
+    # what the student did in that trial: its calls in order (the full transcript is the row's messages_json)
+    msgs = json.loads(row["messages_json"])
+    assert tree.attrs["calls"] == [c["function"]["name"] for m in msgs if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    assert len(tree.attrs["calls"]) == row["n_tool_calls"]
     # checkpoint -> the demonstrations version it was trained on (time travel by data_versions_json)
     ckpt = tree.children[0]
     assert ckpt.kind == "checkpoint" and ckpt.id == row["checkpoint_id"] and ckpt.attrs["kind"] == "sft"
