@@ -81,6 +81,14 @@ RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 
     (RIGHT + "\nTotal: 10,540.00 USD.", False),
     ("Two invoices, 10,450 USD in all: INV-2286 (8,350.00) and INV-9526 (2,100.00).", True),
     ("Two invoices, 10,500 USD in all: INV-2286 (8,350.00) and INV-9526 (2,100.00).", False),
+    # a card per record: a line naming it, its values on the lines under it
+    ("Overdue:\n\nInvoice INV-2286\nAmount: $8,350.00\nDue: 2026-01-21\n\nInvoice INV-9526\nAmount: $2,100.00\nDue: 2026-02-15", True),
+    ("### INV-2286\n\n- Amount: 8,350.00 USD\n- Due: Jan 21, 2026\n### INV-9526\n- Amount: 2,100.00 USD\n- Due: Feb 15, 2026", True),
+    ("Invoice INV-2286\nAmount: $2,100.00\nDue: 2026-01-21\n\nInvoice INV-9526\nAmount: $8,350.00\nDue: 2026-02-15", False),
+    ("Invoice INV-2286\nAmount: $8,350.00\nDue: 2026-02-15\n\nInvoice INV-9526\nAmount: $2,100.00\nDue: 2026-01-21", False),
+    ("Invoice INV-2286\nAmount: $8,350.00\nDue: 2026-01-21", False),  # one card left out
+    # a line with its own figures heads no card: the dates below it are no record's
+    ("INV-2286 (8,350.00 USD) and INV-9526 (2,100.00 USD), due 2026-01-21 and 2026-02-15 respectively.\nChecked on 2026-03-02.", True),
 ])
 def test_an_answer_is_graded_like_a_message(reply, ok):
     assert _run(ANSWER_CHECK, {"replies": [reply]}) is ok

@@ -2523,6 +2523,11 @@ def _amounts_first(head, rows, amounts):
     return f"{head}: {', '.join(items[:-1])} and {items[-1]}."
 
 
+def _as_cards(head, rows, amounts):
+    cards = [f"Invoice {r[0]}\nAmount: ${a}\nDue: {r[2]}" for r, a in zip(rows, amounts)]
+    return f"{head}:\n\n" + "\n\n".join(cards)
+
+
 def _two_amounts_swapped(spec, turns, write, label):
     """Each answer's list rewritten by ``write(head, rows, amounts)`` with its first two records' amounts swapped."""
     for ti, text in _answers(spec):
@@ -2552,6 +2557,12 @@ def op_answer_amounts_first_swapped(spec, turns, ref):
     """An answer that gives each amount before its record ("2,100.00 USD on INV-1, 8,350.00 USD on INV-2"), two
     records' amounts swapped."""
     yield from _two_amounts_swapped(spec, turns, _amounts_first, "amounts first, swapped")
+
+
+def op_answer_cards_amounts_swapped(spec, turns, ref):
+    """An answer written as a card per record (its number on a line, amount and due date on the lines under it),
+    two records' amounts swapped."""
+    yield from _two_amounts_swapped(spec, turns, _as_cards, "cards, amounts swapped")
 
 
 def op_answer_with_a_wrong_total(spec, turns, ref):
@@ -2609,6 +2620,14 @@ def ctl_answer_amounts_first(spec, turns, ref):
             yield f"turn {ti}: amounts first", _answered(spec, turns, ti, _amounts_first(head, rows, [f"{float(r[1]):,.2f}" for r in rows]))
 
 
+def ctl_answer_as_cards(spec, turns, ref):
+    """CONTROL: an answer written as a card per record ("Invoice INV-1" / "Amount: $8,350.00" / "Due: ..."). Must still pass."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        if rows:
+            yield f"turn {ti}: cards", _answered(spec, turns, ti, _as_cards(head, rows, [f"{float(r[1]):,.2f}" for r in rows]))
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -2639,10 +2658,12 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_amounts_swapped_in_one_sentence": op_answer_amounts_swapped_in_one_sentence,
              "answer_dates_swapped_in_one_sentence": op_answer_dates_swapped_in_one_sentence,
              "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
+             "answer_cards_amounts_swapped": op_answer_cards_amounts_swapped,
              "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
              "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,
              "answer_time_an_hour_off": op_answer_time_an_hour_off, "answer_time_with_am_pm (control)": ctl_answer_time_with_am_pm,
              "answer_respectively (control)": ctl_answer_respectively, "answer_amounts_first (control)": ctl_answer_amounts_first,
+             "answer_as_cards (control)": ctl_answer_as_cards,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,

@@ -237,6 +237,30 @@ def _attributed(part, names, found, before):
                 out = out + [(spots[k][1], v)]
     return out
 
+def _parts(t, names):
+    # the lines and sentences of ``t`` a record's values are read in; a line naming one record and no figure
+    # ("invoice inv-2286", "### inv-2286") heads a card: the lines under it that name no record are its
+    # ("amount: 8350.00", "due: 2026-01-21"), read as one part, up to the next line naming a record
+    import re
+    lines, cards = [], []
+    head = False
+    for line in t.split(chr(10)):
+        if not line.strip():
+            continue
+        bare, named = line, 0
+        for n in names:
+            if n in bare:
+                bare, named = bare.replace(n, " "), named + 1
+        if head and not named:
+            lines, cards = lines[:-1] + [lines[-1] + " " + line], cards[:-1] + [True]
+            continue
+        head = named == 1 and re.search("[0-9]", bare) is None
+        lines, cards = lines + [line], cards + [False]
+    parts = []
+    for i in range(len(lines)):
+        parts = parts + ([lines[i]] if cards[i] else re.split(";|[.!?](?: |$)", lines[i]))
+    return parts
+
 def _paired(text, pairs):
     import re
     names, amounts = [], []
@@ -244,7 +268,7 @@ def _paired(text, pairs):
         names = names + [pair.split("=")[0].lower()]
         amounts = amounts + [float(pair.split("=")[1])]
     said = []
-    for part in re.split(chr(10) + "|;|[.!?](?: |$)", _low(text).replace(",", "")):
+    for part in _parts(_low(text).replace(",", ""), names):
         found = []
         for m in re.finditer("(?<![0-9a-z-])[0-9]+(?:[.][0-9]+)?", part):
             for a in amounts:
@@ -284,7 +308,7 @@ def _dated(text, pairs):
     months = "jan feb mar apr may jun jul aug sep oct nov dec".split()
     names = [pair.split("=")[0].lower() for pair in pairs.split("|")]
     month = "(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
-    for part in re.split(chr(10) + "|;|[.!?](?: |$)", _low(text)):
+    for part in _parts(_low(text), names):
         found = []  # (position, (year or "", month, day)): ISO, "january 21", "21st of january"
         for m in re.finditer("(?<![0-9])([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])", part):
             found = found + [(m.start(), (m.group(1), int(m.group(2)), int(m.group(3)), 0))]
