@@ -347,3 +347,18 @@ def test_a_meeting_answer_checker_blind_to_the_room_is_caught(validator, meeting
     survived = [d for d in cert.diagnostics if d.code == "mutation_survived"]
     assert cert.reference_pass and not cert.certified and survived, cert.diagnostics
     assert any(d.detail["operator"] == "wrong_value" and spec.facts["room"] in d.message for d in survived), [d.message for d in survived]
+
+
+def test_a_meeting_answer_checker_blind_to_the_time_zone_is_caught(validator, meetings):
+    """A checker that finds the day, the time and the room but not which clock the time is on: the answer giving
+    the same figures in CET (the validator's misstated_value) passes it; the embedded checker kills that mutant."""
+    spec, cert = meetings[0]
+    zoned = [m for m in cert.mutants if m["operator"] == "misstated_value" and "in CET" in m["description"]]
+    assert len(zoned) == 2 and all(m["killed"] for m in zoned), [m["description"] for m in cert.mutants]
+    start = spec.world["calendar.events"][spec.facts["event_id"]]["start"]
+    code = (f"def check(ev):\n    r = ev['replies']\n    return len(r) > 0 and bool(r[0]) and {start[:10]!r} in r[0] and {start[11:16]!r} in r[0]"
+            f" and {spec.facts['room']!r} in r[0] and ' or ' not in r[0]\n")
+    lax = validator.certify(_planted(_with_code(spec, "next_given", code)))
+    survived = [d.message for d in lax.diagnostics if d.code == "mutation_survived"]
+    assert lax.reference_pass and not lax.certified
+    assert any("gives its times in CET" in m for m in survived), survived

@@ -326,6 +326,27 @@ def test_a_weekday_that_contradicts_its_date_fails():
 
 
 @pytest.mark.parametrize("text, ok", [
+    ("Design critique moves to 2026-03-05 at 15:00 UTC.", True),
+    ("Design critique moves to 2026-03-05 at 15:00 GMT.", True),
+    ("Design critique moves to 2026-03-05T15:00:00Z.", True),  # an ISO timestamp: its "T" joins date and time
+    ("Design critique moves to 2026-03-05T15:00:00+00:00.", True),
+    ("Design critique moves to 2026-03-05 at 15:00 UTC (16:00 CET).", True),  # and what that is elsewhere
+    ("Design critique: 2026-03-05, 15:00-16:00 UTC.", True),  # a range is no offset
+    ("Design critique: 2026-03-05, 15:00 UTC - 16:00 UTC.", True),
+    ("Design critique moves to 2026-03-05 at 15:00 CET.", False),  # the same figures on another clock
+    ("Design critique moves to 2026-03-05 at 3pm ET.", False),
+    ("Design critique moves to 2026-03-05T15:00:00+01:00.", False),
+    ("Design critique moves to 2026-03-05 at 15:00 (UTC+2).", False),
+    ("Design critique moved to 15:00 UTC. See you 2026-03-05 at 15:00 CET!", False),  # right once, on another clock once
+])
+def test_a_utc_time_on_another_clock_fails(text, ok):
+    """``when`` times are UTC (every capability asks in UTC): the time labelled with another zone or offset is
+    another instant, wherever in the text; UTC, GMT, Z and +00:00 are UTC."""
+    when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "15:00"}}))
+    assert _run_check(when, _sent_evidence("Moved", text)) is ok
+
+
+@pytest.mark.parametrize("text, ok", [
     ("INV-1234 is corrected to 4830.00 USD.", True),
     ("INV-1234: I could not find any other invoice to correct.", True),  # an absence, not the work failing
     ("INV-1234: we cannot share the breakdown, sorry.", True),  # a refusal
@@ -2592,6 +2613,28 @@ def op_answer_time_an_hour_off(spec, turns, ref):
             yield f"turn {ti}: {m.group(0)} -> {later}", _answered(spec, turns, ti, text[:m.start()] + later + text[m.end():])
 
 
+_UTC_TIME = re.compile(r"\b([01]\d|2[0-3]):([0-5]\d) UTC\b")
+
+
+def op_time_on_another_clock(spec, turns, ref):
+    """Every UTC time in the messages and answers given as an offset from another zone ("14:00 UTC" ->
+    "14:00 (UTC+2)"): the same figures, another instant."""
+    prog = _retyped(spec, turns, lambda t: _UTC_TIME.sub(lambda m: f"{m.group(1)}:{m.group(2)} (UTC+2)", t))
+    if prog:
+        yield "times as hh:mm (UTC+2)", prog
+
+
+def ctl_utc_as_an_iso_timestamp(spec, turns, ref):
+    """CONTROL: every dated UTC time in the messages and answers as an ISO timestamp ("2026-03-04 at 14:00 UTC"
+    -> "2026-03-04T14:00:00Z"), a time alone as "14:00 GMT". Must still pass."""
+    def retype(t):
+        t = re.sub(r"\b(\d{4}-\d{2}-\d{2}) at ([01]\d|2[0-3]):([0-5]\d) UTC\b", lambda m: f"{m.group(1)}T{m.group(2)}:{m.group(3)}:00Z", t)
+        return _UTC_TIME.sub(lambda m: f"{m.group(1)}:{m.group(2)} GMT", t)
+    prog = _retyped(spec, turns, retype)
+    if prog:
+        yield "UTC times as ISO timestamps / GMT", prog
+
+
 def ctl_answer_time_with_am_pm(spec, turns, ref):
     """CONTROL: an answer's times as "2:00 PM UTC" and its dates in words ("Tuesday, March 3"). Must still pass."""
     def twelve(m):
@@ -2659,11 +2702,12 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_dates_swapped_in_one_sentence": op_answer_dates_swapped_in_one_sentence,
              "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
              "answer_cards_amounts_swapped": op_answer_cards_amounts_swapped,
+             "time_on_another_clock": op_time_on_another_clock,
              "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
              "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,
              "answer_time_an_hour_off": op_answer_time_an_hour_off, "answer_time_with_am_pm (control)": ctl_answer_time_with_am_pm,
              "answer_respectively (control)": ctl_answer_respectively, "answer_amounts_first (control)": ctl_answer_amounts_first,
-             "answer_as_cards (control)": ctl_answer_as_cards,
+             "answer_as_cards (control)": ctl_answer_as_cards, "utc_as_an_iso_timestamp (control)": ctl_utc_as_an_iso_timestamp,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,

@@ -183,16 +183,28 @@ def _same_instant(a, b):
     except ValueError:
         return False
 
-def _mentions(text, forms, word="0-9a-z"):
+def _mentions(text, forms, word="0-9a-z", utc=False):
     t = " ".join(_low(text).replace(",", " ").split())
     found = [f for f in forms if f in t]  # plain substring first; the regex only confirms word edges
     if not found:
         return False
     import re
+    said = False
     for f in found:
-        if re.search("(?<![" + word + ":])" + re.escape(f) + "(?![" + word + "])", t):
-            return True
-    return False
+        # (an ISO timestamp's "t" joins its date and time without running them into one word: 2026-03-04t14:00)
+        for m in re.finditer("(?:(?<![" + word + ":])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "])|(?=t[0-9]))", t):
+            if not utc:
+                return True
+            if _zoned(t[m.end():m.end() + 16]):
+                return False  # a utc time given on another clock anywhere in the text: another instant
+            said = True
+    return said
+
+def _zoned(after):
+    # a time of day labelled with a zone other than utc: "15:00 cet", "3pm et", "15:00:00+01:00", "15:00 (utc+1)"
+    import re
+    zones = "cet|cest|eet|eest|wet|west|bst|ist|jst|kst|hkt|sgt|msk|aest|aedt|acst|awst|nzst|nzdt|est|edt|cst|cdt|mst|mdt|pst|pdt|akst|akdt|hst|et|ct|mt|pt"
+    return re.match("(?::[0-9]{2}(?:[.][0-9]+)?[+-]0*[1-9]|[ ]*[(]?(?:(?:utc|gmt)[+-]0*[1-9]|(?:" + zones + ")(?![a-z])))", after) is not None
 
 def _stray_ids(text, shape, right):
     t = _low(text)
@@ -575,14 +587,15 @@ def _says_test(text: str, p: dict[str, Any]) -> str:
 
 def _when_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` states the date and time in ``when`` in any usual way (2026-03-05,
-    March 5th, 5 Mar; 15:00, 3pm, 3:00 p.m.), not only as the reference wrote it. The notations are
+    March 5th, 5 Mar; 15:00, 3pm, 3:00 p.m.), not only as the reference wrote it. The time is UTC: the time
+    labelled with another zone ("15:00 CET", "15:00:00+01:00") is another instant. The notations are
     spelled out here, once, so a checker call only looks them up."""
     when = p.get("when") or {}
     out = []
     if when.get("date"):
         out.append(f"    if not _mentions({text}, {date_forms(when['date'])!r}):\n        continue")
     if when.get("time"):
-        out.append(f"    if not _mentions({text}, {time_forms(when['time'])!r}):\n        continue")
+        out.append(f"    if not _mentions({text}, {time_forms(when['time'])!r}, '0-9a-z', True):\n        continue")
     return "\n".join(out)
 
 

@@ -261,6 +261,7 @@ def _emptied(s: Step) -> tuple[dict[str, Any], str] | None:
 
 _MONEY = re.compile(r"(?<![\w.,])(\d+)\.(\d{2})(?![\w.,]|\.\d)")
 _CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD|SGD)\b")
+_UTC_CLOCK = re.compile(r"(?<![\w:.])((?:[01]?\d|2[0-3]):[0-5]\d) UTC\b")
 _CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):([0-5]\d)(?![\w:])")
 _ISO_DATE = re.compile(r"(?<![\w-])(\d{4}-\d{2}-\d{2})(?![\w-])")
 
@@ -283,7 +284,7 @@ _DATED_WEEKDAY = re.compile(r"\b(%s)(,? (?:the )?\d{4}-\d{2}-\d{2})\b" % "|".joi
 
 def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
-    currency ("4830.00 USD" -> "4830.00 EUR"); each amount, time and date hedged between itself and another
+    currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET"); each amount, time and date hedged between itself and another
     value ("4830.00 or 5314.00", "15:00 or 16:00", "2026-03-05 or 2026-03-06"); the weekday beside a date
     the next one ("Friday 2026-03-05" for a Thursday); the work reported as not done ("I couldn't get this done").
     A checker that only looks for the value lets them through."""
@@ -296,6 +297,8 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
         swap = {"USD": "EUR"}
         new = _CODED.sub(lambda m: m.group(1) + swap.get(m.group(2), "USD"), text)
         out.append(({**s.args, param: new}, f"{param} states its amounts in {'EUR' if 'USD' in text else 'USD'}"))
+    if _UTC_CLOCK.search(text):  # the same figures on another clock: 15:00 CET is 14:00 UTC
+        out.append(({**s.args, param: _UTC_CLOCK.sub(lambda m: m.group(1) + " CET", text)}, f"{param} gives its times in CET"))
     hedged, kinds, sample = text, [], ""
     for pattern, hedge, kind in ((_MONEY, _hedge_amount, "amount"), (_CLOCK, _hedge_clock, "time"), (_ISO_DATE, _hedge_date, "date")):
         first = pattern.search(hedged)
@@ -540,7 +543,7 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
         e = _emptied(s)
         if e is not None:
             out.append(answered("empty_message", ti, e[0]["text"], e[1]))
-        out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:2])
+        out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:3])
         out.extend(answered("wrong_mention", ti, args["text"], what) for args, what in _mention_swaps(env, s, index))
         m = _MONEY.search(said[ti])
         if m is not None:
