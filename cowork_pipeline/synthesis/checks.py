@@ -115,9 +115,9 @@ def _weekday_clash(t, year):
     # a date as numbers reads day first or month first: the weekday beside it must fit one reading ("friday
     # 05/03/2026" fits neither thursday march 5 nor sunday may 3)
     numeric = "([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])"
-    for pattern, w in ((wd + "[ ]+(?:the[ ]+)?" + numeric, 1), (numeric + "[ ]*[(]?" + wd, 4)):
+    for pattern, w, g in ((wd + "[ ]+(?:the[ ]+)?" + numeric, 1, 2), (numeric + "[ ]*[(]?" + wd, 4, 1)):  # (weekday's group, the date's first)
         for m in re.finditer(pattern, t):
-            a, b, y = m.group(w % 4 + 1), m.group(w % 4 + 2), m.group(w % 4 + 3)
+            a, b, y = m.group(g), m.group(g + 1), m.group(g + 2)
             fits = False
             for mo, d in ((b, a), (a, b)):
                 try:

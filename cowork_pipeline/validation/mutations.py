@@ -284,8 +284,9 @@ _DATED_WEEKDAY = re.compile(r"\b(%s)(,? (?:the )?\d{4}-\d{2}-\d{2})\b" % "|".joi
 
 def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
-    currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET"); each amount, time and date hedged between itself and another
-    value ("4830.00 or 5314.00", "15:00 or 16:00", "2026-03-05 or 2026-03-06"); the weekday beside a date
+    currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET");
+    each amount, time and date hedged between itself and another value ("4830.00 or 5314.00", "15:00 or
+    16:00", "2026-03-05 or 2026-03-06"); the weekday beside a date
     the next one ("Friday 2026-03-05" for a Thursday); the work reported as not done ("I couldn't get this done").
     A checker that only looks for the value lets them through."""
     param = MESSAGE_TEXT.get(s.tool)
