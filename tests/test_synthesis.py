@@ -2601,19 +2601,16 @@ def ctl_answer_dates_as_numbers(spec, turns, ref):
             yield f"turn {ti}: dates as dd/mm/yyyy", _answered(spec, turns, ti, _ISO.sub(lambda m: f"{m.group(3)}/{m.group(2)}/{m.group(1)}", text))
 
 
-_ANSWER_CLOCK = re.compile(r"\b([01]\d|2[0-3]):([0-5]\d) UTC\b")
+_UTC_TIME = re.compile(r"\b([01]\d|2[0-3]):([0-5]\d) UTC\b")
 
 
 def op_answer_time_an_hour_off(spec, turns, ref):
     """An answer's time of day an hour later, still labelled UTC (a time-zone slip: 15:00 for 14:00 UTC)."""
     for ti, text in _answers(spec):
-        m = _ANSWER_CLOCK.search(text)
+        m = _UTC_TIME.search(text)
         if m:
             later = f"{(int(m.group(1)) + 1) % 24:02d}:{m.group(2)} UTC"
             yield f"turn {ti}: {m.group(0)} -> {later}", _answered(spec, turns, ti, text[:m.start()] + later + text[m.end():])
-
-
-_UTC_TIME = re.compile(r"\b([01]\d|2[0-3]):([0-5]\d) UTC\b")
 
 
 def op_time_on_another_clock(spec, turns, ref):
@@ -2641,9 +2638,9 @@ def ctl_answer_time_with_am_pm(spec, turns, ref):
         h = int(m.group(1))
         return f"{h % 12 or 12}:{m.group(2)} {'PM' if h >= 12 else 'AM'} UTC"
     for ti, text in _answers(spec):
-        if _ANSWER_CLOCK.search(text):
+        if _UTC_TIME.search(text):
             new = _ISO.sub(lambda m: f"{datetime(int(m.group(1)), int(m.group(2)), int(m.group(3))):%B} {int(m.group(3))}", text)
-            yield f"turn {ti}: 12-hour times, dates in words", _answered(spec, turns, ti, _ANSWER_CLOCK.sub(twelve, new))
+            yield f"turn {ti}: 12-hour times, dates in words", _answered(spec, turns, ti, _UTC_TIME.sub(twelve, new))
 
 
 def ctl_answer_respectively(spec, turns, ref):
