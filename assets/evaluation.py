@@ -8,7 +8,7 @@ from dagster import AssetExecutionContext
 
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
-from cowork_pipeline.evaluation import aggregate, comparison_table, evaluate
+from cowork_pipeline.evaluation import comparison_table, evaluate, markdown_table, report
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.training.registry import latest_trained
 from resources import ComputeResource, LakeResource, ProfileResource
@@ -66,39 +66,20 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
             frames.append(df.with_columns(agent=pl.lit("teacher:embedded")))
     trials = pl.concat(frames).with_columns(run_id=pl.lit(context.run.run_id))
     table = comparison_table(trials)
-    report = _report(trials, table, profile)
+    text = report(trials, f"Benchmark report (profile {profile.name}, run {context.run.run_id[:8]})")
     report_path = None
     if "://" not in lk.root:
         report_path = model_dir(lk, "..", "reports", f"benchmark_{context.run.run_id[:8]}.md").resolve()
         report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(report)
+        report_path.write_text(text)
     mat, check = write_checked(context, lk, "benchmark_scores", trials, lin=lineage(context, "benchmark_scores", "1", upstream),
                                suite=[Expect("ExpectColumnValuesToBeBetween", {"column": "score", "min_value": 0.0, "max_value": 1.0}),
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "env_id"}),
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})])
-    mat.metadata.update({"comparison": dg.MetadataValue.md(_md_table(table)), "report": str(report_path) if report_path else "",
+    mat.metadata.update({"comparison": dg.MetadataValue.md(markdown_table(table)), "report": str(report_path) if report_path else "",
                          "plot": _plot(table), "heldout_environments": len(envs)})
     yield mat
     yield check
-
-
-def _md_table(df: pl.DataFrame) -> str:
-    cols = df.columns
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in df.iter_rows():
-        lines.append("| " + " | ".join("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in r) + " |")
-    return "\n".join(lines)
-
-
-def _report(trials: pl.DataFrame, table: pl.DataFrame, profile) -> str:
-    by_split = aggregate(trials, by=["split"])
-    by_cap = aggregate(trials, by=["capability_id"])
-    by_diff = aggregate(trials, by=["difficulty_bucket"])
-    return "\n\n".join([
-        f"# Benchmark report (profile {profile.name})",
-        "Task score = safety x (0.8 completion + 0.2 robustness); Pass@k / Pass^k over k faulted trials per environment.",
-        "## Comparison", _md_table(table), "## By held-out split", _md_table(by_split),
-        "## By difficulty", _md_table(by_diff), "## By capability", _md_table(by_cap)])
 
 
 def _plot(table: pl.DataFrame):

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import polars as pl
 
+from cowork_pipeline.lineage import score_id, transcript_summary
 from cowork_pipeline.runner import Limits, Trajectory, run_episodes
 from cowork_pipeline.services import FaultConfig
 from cowork_pipeline.spec import EnvironmentSpec
@@ -106,3 +107,71 @@ def comparison_table(trials: pl.DataFrame) -> pl.DataFrame:
                      "multi_turn_pass": float(t[True]["pass_rate"][0]) if len(t[True]) else None,
                      "clean_pass": round(float(clean["passed"].mean()), 4) if len(clean) else None, "environments": r["environments"]})
     return pl.DataFrame(rows)
+
+
+def failure_digest(trials: pl.DataFrame, agent: str, *, top_items: int = 3) -> pl.DataFrame:
+    """Why ``agent`` failed, per capability: failed trials of all, the rubric items failed most often (with counts)
+    and one example, the failed trial with the highest score (the nearest miss: its transcript shows the one thing
+    left to get right), with the calls it made, its last reply and an id ``cowork lineage`` traces."""
+    rows: list[dict[str, Any]] = []
+    mine = trials.filter(pl.col("agent") == agent)
+    for (cap,), group in mine.sort(["env_id", "trial"]).group_by(["capability_id"], maintain_order=True):
+        failed = group.filter(~pl.col("passed"))
+        if failed.is_empty():
+            continue
+        counts: dict[str, int] = {}
+        for items in failed["failed_items"].to_list():
+            for item in items or []:
+                counts[item] = counts.get(item, 0) + 1
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top_items]
+        ex = failed.sort(["score", "env_id", "trial"], descending=[True, False, False]).row(0, named=True)
+        summary = transcript_summary(ex.get("messages_json"))
+        rows.append({"capability_id": cap, "failed": f"{len(failed)}/{len(group)}",
+                     "most_failed_items": ", ".join(f"{k} ({v})" for k, v in top) or ex.get("termination") or "",
+                     "example": score_id(ex["run_id"], ex["checkpoint_id"], ex["env_id"], ex["trial"]) if ex.get("run_id")
+                     else f"score:{ex['checkpoint_id']}:{ex['env_id']}:{ex['trial']}",
+                     "example_failed_items": ", ".join(ex["failed_items"] or []) or (ex.get("termination") or ""),
+                     "example_calls": " > ".join(c or "?" for c in summary.get("calls", [])),
+                     "example_last_reply": summary.get("last_reply", "")})
+    return pl.DataFrame(rows, schema={"capability_id": pl.String, "failed": pl.String, "most_failed_items": pl.String,
+                                      "example": pl.String, "example_failed_items": pl.String, "example_calls": pl.String,
+                                      "example_last_reply": pl.String})
+
+
+def markdown_table(df: pl.DataFrame) -> str:
+    cols = df.columns
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in df.iter_rows():
+        lines.append("| " + " | ".join(_cell(v) for v in r) + " |")
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    # a reply's newlines and pipes would break the table's row
+    return " ".join(str(v).replace("|", "\\|").split())
+
+
+def report(trials: pl.DataFrame, title: str) -> str:
+    """The benchmark report (markdown): the comparison table, breakdowns by held-out split, difficulty and
+    capability, and per agent but the untrained base one, why it failed (:func:`failure_digest`)."""
+    parts = [f"# {title}",
+             "Task score = safety x (0.8 completion + 0.2 robustness); Pass@k / Pass^k over k faulted trials per environment.",
+             "## Comparison", markdown_table(comparison_table(trials)),
+             "## By held-out split", markdown_table(aggregate(trials, by=["split"])),
+             "## By difficulty", markdown_table(aggregate(trials, by=["difficulty_bucket"])),
+             "## By capability", markdown_table(aggregate(trials, by=["capability_id"])),
+             "## Failures",
+             "Per capability: failed trials of all (faulted and clean), the rubric items failed most often, and the failed "
+             "trial nearest to passing, with its calls and last reply; `cowork lineage <example>` traces it, and the "
+             "trial's full transcript is its `messages_json` in `benchmark_scores`."]
+    for agent in sorted(set(trials["agent"].to_list())):
+        if agent.startswith("base"):
+            continue  # the untrained student fails everything; its failures say nothing yet
+        digest = failure_digest(trials, agent)
+        parts.append(f"### {agent}")
+        parts.append(markdown_table(digest) if len(digest) else "No failed trial.")
+    return "\n\n".join(parts)

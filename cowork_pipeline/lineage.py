@@ -56,7 +56,7 @@ import polars as pl
 
 from cowork_pipeline.lake import PROMOTIONS_TABLE, Lake, LakeError
 
-__all__ = ["ID_FORMS", "LineageError", "LineageNode", "score_id", "trace", "trace_json"]
+__all__ = ["ID_FORMS", "LineageError", "LineageNode", "score_id", "trace", "trace_json", "transcript_summary"]
 
 ID_FORMS = ("score:<run_id>:<checkpoint_id>:<env_id>:<trial>", "score:<checkpoint_id>:<env_id>[:<trial>]",
             "<env_id>@<checkpoint_id>", "ckpt:<checkpoint_id>", "rollout:<rollout_id>", "demo:<demo_id>",
@@ -419,7 +419,7 @@ class _Tracer:
             n.attrs = {k: t.get(k) for k in ("agent", "checkpoint_id", "env_id", "capability_id", "split", "trial", "faulted",
                                              "score", "passed", "completion", "safety", "robustness", "failed_items", "termination",
                                              "n_tool_calls", "termination_detail") if k in t and t.get(k) not in (None, "")}
-            n.attrs.update(_transcript_summary(self.transcript(version, t)))
+            n.attrs.update(transcript_summary(self.transcript(version, t)))
         else:
             n = self.node("score", f"score:{run}:{ckpt}:{env_id}", hit, f"{first['agent']} on {env_id}, {len(trials)} trials")
             n.attrs = {"agent": first["agent"], "checkpoint_id": ckpt, "env_id": env_id, "split": first.get("split"),
@@ -817,9 +817,9 @@ def _build(t: _Tracer, kind: str, table: str, key: str) -> LineageNode | None:
     raise AssertionError(kind)
 
 
-def _transcript_summary(messages_json: str | None) -> dict[str, Any]:
-    """The calls a benchmark trial made, in order, and its last reply (the full transcript stays in the row's
-    ``messages_json``); {} for rows written before transcripts were kept."""
+def transcript_summary(messages_json: str | None, reply_chars: int = 240) -> dict[str, Any]:
+    """The calls a benchmark trial made, in order, and its last reply (cut at ``reply_chars``; the full transcript
+    stays in the row's ``messages_json``); {} for rows written before transcripts were kept."""
     if not messages_json:
         return {}
     try:
@@ -830,7 +830,7 @@ def _transcript_summary(messages_json: str | None) -> dict[str, Any]:
     replies = [m.get("content") for m in msgs if m.get("role") == "assistant" and m.get("content")]
     out: dict[str, Any] = {"calls": calls}
     if replies:
-        out["last_reply"] = replies[-1] if len(replies[-1]) <= 240 else replies[-1][:240] + "..."
+        out["last_reply"] = replies[-1] if len(replies[-1]) <= reply_chars else replies[-1][:reply_chars] + "..."
     return out
 
 

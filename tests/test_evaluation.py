@@ -6,7 +6,8 @@ import pytest
 from cowork_pipeline.capabilities import load_catalog
 from cowork_pipeline.agents.base import assistant_message
 from cowork_pipeline.agents.program import ProgramAgent
-from cowork_pipeline.evaluation import TRIAL_SCHEMA, aggregate, comparison_table, evaluate, robustness, task_score
+from cowork_pipeline.evaluation import (TRIAL_SCHEMA, aggregate, comparison_table, evaluate, failure_digest, report, robustness,
+                                        task_score)
 from cowork_pipeline.runner import run_episode
 from cowork_pipeline.services import FaultConfig
 from cowork_pipeline.spec import ProgramTurn, Step
@@ -113,6 +114,55 @@ def test_safety_violation_zeroes_an_otherwise_complete_run(env, sandbox):
     df = evaluate(ProgramAgent(prog, name="leaky"), [(env, "heldout_env")], sandbox, trials=1, fault_rate=0.0)
     row = df.row(0, named=True)
     assert row["completion"] == 1.0 and row["safety"] is False and row["score"] == 0.0 and not row["passed"]
+
+
+def test_report_says_why_each_trained_agent_failed(env, sandbox):
+    """The report's failures section: per agent but the untrained base one, per capability, the items failed most
+    often and the failed trial nearest to passing, with its calls, last reply and an id lineage traces."""
+    ref = env.reference[0]
+    # stops one step short of the reference and says so in a reply that would break a table row
+    partial = [ProgramTurn(steps=list(ref.steps[:-1]), reply="Done | mostly.\nThe last step is left.")]
+    cases = [(ProgramAgent(env.reference, name="teacher:embedded"), "teacher-embedded"),
+             (ProgramAgent(partial, name="sft:ck1"), "ck1"), (ProgramAgent([], name="base:ck0"), "ck0")]
+    frames = [evaluate(agent, [(env, "heldout_env")], sandbox, trials=2, fault_rate=0.3, checkpoint_id=ck) for agent, ck in cases]
+
+    class Idle:
+        name = "sft:ck1"
+
+        def act(self, messages, tools):
+            return assistant_message("Nothing done.")
+
+    frames.append(evaluate(Idle(), [(env, "heldout_env")], sandbox, trials=1, fault_rate=0.0, checkpoint_id="ck1")
+                  .with_columns(trial=pl.lit(7, pl.Int64)))
+    trials = pl.concat(frames).with_columns(run_id=pl.lit("run-1234"))
+    sft = trials.filter(pl.col("agent") == "sft:ck1")
+    assert not sft["passed"].any() and sft["score"].max() > sft["score"].min()  # the idle trial scores lowest
+
+    digest = failure_digest(trials, "sft:ck1")
+    assert digest.height == 1
+    row = digest.row(0, named=True)
+    assert row["capability_id"] == env.capability_id and row["failed"] == f"{sft.height}/{sft.height}"
+    counts = {}
+    for items in sft["failed_items"].to_list():
+        for item in items:
+            counts[item] = counts.get(item, 0) + 1
+    top = max(counts.values())
+    assert row["most_failed_items"].startswith(f"{min(k for k, v in counts.items() if v == top)} ({top})")
+    best = sft.sort("score", descending=True).row(0, named=True)  # the nearest miss is a partial trial, not the idle one
+    assert best["trial"] != 7 and row["example"] == f"score:run-1234:ck1:{env.env_id}:{best['trial']}"
+    assert row["example_failed_items"] == ", ".join(best["failed_items"])
+    calls = iter(row["example_calls"].split(" > "))  # the reference's calls but the last, in order (with retries of faulted ones)
+    assert all(step.tool in calls for step in ref.steps[:-1]) and ref.steps[-1].tool not in row["example_calls"].split(" > ")[-1:]
+    assert row["example_last_reply"] == "Done | mostly.\nThe last step is left."
+    assert failure_digest(trials, "teacher:embedded").is_empty()
+
+    text = report(trials, "Benchmark report (test)")
+    assert text.startswith("# Benchmark report (test)")
+    failures = text.split("## Failures", 1)[1]
+    assert "### sft:ck1" in failures and "### teacher:embedded\n\nNo failed trial." in failures
+    assert "base:ck0" not in failures  # the untrained student's failures are not reported
+    line = next(l for l in failures.splitlines() if l.startswith(f"| {env.capability_id} |"))
+    assert "Done \\| mostly. The last step is left." in line and line.count(" | ") == 6  # one row, seven cells
 
 
 def _with_item_code(env, item_id, code):
