@@ -337,6 +337,11 @@ def test_a_weekday_that_contradicts_its_date_fails():
     ("Design critique moves to 2026-03-05 at 3pm ET.", False),
     ("Design critique moves to 2026-03-05T15:00:00+01:00.", False),
     ("Design critique moves to 2026-03-05 at 15:00 (UTC+2).", False),
+    ("Design critique moves to 2026-03-05T15:00+01:00.", False),  # an offset without seconds
+    ("Design critique moves to 2026-03-05 at 15:00 +0100.", False),
+    ("Design critique moves to 2026-03-05 at 15:00 local time.", False),  # the reader's clock, whatever it is
+    ("Design critique: 2026-03-05, 15:00 UTC + 30 minutes of setup.", True),  # a plus sign that is no offset
+    ("Design critique: 2026-03-05, 15:00 +10 min buffer, UTC.", True),
     ("Design critique moved to 15:00 UTC. See you 2026-03-05 at 15:00 CET!", False),  # right once, on another clock once
 ])
 def test_a_utc_time_on_another_clock_fails(text, ok):
@@ -2621,6 +2626,17 @@ def op_time_on_another_clock(spec, turns, ref):
         yield "times as hh:mm (UTC+2)", prog
 
 
+def op_time_on_the_readers_clock(spec, turns, ref):
+    """Every UTC time in the messages and answers on the reader's clock: a dated one as an ISO timestamp with an
+    offset and no seconds ("2026-03-04 at 14:00 UTC" -> "2026-03-04T14:00+01:00"), the others in "local time"."""
+    def retype(t):
+        t = re.sub(r"\b(\d{4}-\d{2}-\d{2}) at ([01]\d|2[0-3]):([0-5]\d) UTC\b", lambda m: f"{m.group(1)}T{m.group(2)}:{m.group(3)}+01:00", t)
+        return _UTC_TIME.sub(lambda m: f"{m.group(1)}:{m.group(2)} local time", t)
+    prog = _retyped(spec, turns, retype)
+    if prog:
+        yield "UTC times as offset timestamps / local time", prog
+
+
 def ctl_utc_as_an_iso_timestamp(spec, turns, ref):
     """CONTROL: every dated UTC time in the messages and answers as an ISO timestamp ("2026-03-04 at 14:00 UTC"
     -> "2026-03-04T14:00:00Z"), a time alone as "14:00 GMT". Must still pass."""
@@ -2699,7 +2715,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_dates_swapped_in_one_sentence": op_answer_dates_swapped_in_one_sentence,
              "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
              "answer_cards_amounts_swapped": op_answer_cards_amounts_swapped,
-             "time_on_another_clock": op_time_on_another_clock,
+             "time_on_another_clock": op_time_on_another_clock, "time_on_the_readers_clock": op_time_on_the_readers_clock,
              "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
              "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,
              "answer_time_an_hour_off": op_answer_time_an_hour_off, "answer_time_with_am_pm (control)": ctl_answer_time_with_am_pm,
