@@ -76,7 +76,8 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                suite=[Expect("ExpectColumnValuesToBeBetween", {"column": "score", "min_value": 0.0, "max_value": 1.0}),
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "env_id"}),
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})])
-    mat.metadata.update({"comparison": dg.MetadataValue.md(markdown_table(table)), "report": str(report_path) if report_path else "",
+    mat.metadata.update({"comparison": dg.MetadataValue.md(markdown_table(table)), "report": dg.MetadataValue.md(text),
+                         "report_path": str(report_path) if report_path else "",
                          "plot": _plot(table), "heldout_environments": len(envs)})
     yield mat
     yield check

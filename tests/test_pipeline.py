@@ -139,6 +139,10 @@ def test_smoke_run_materializes_every_table_with_lineage(smoke_run):
     scores, _ = lake.read_promoted("benchmark_scores")
     assert {"base", "sft", "teacher"} <= {a.split(":")[0] for a in scores["agent"].unique()}
     assert set(scores["split"]) <= {"heldout_env", "heldout_capability"}
+    # the report, in the UI and on disk, says per trained agent why it failed
+    meta = instance.get_latest_materialization_event(dg.AssetKey("benchmark_scores")).asset_materialization.metadata
+    assert "## Failures" in meta["report"].value and "### sft:" in meta["report"].value
+    assert Path(meta["report_path"].value).read_text() == meta["report"].value
 
 
 def test_partition_rerun_is_idempotent_and_leaves_other_partitions_untouched(smoke_run, tmp_path):
