@@ -36,6 +36,7 @@ ANSWER_CHECK = source(CheckSpec("answer", {"turn": 0, "includes": ["INV-2286", "
                                            "pairs": [["INV-2286", 8350.0], ["INV-9526", 2100.0]], "excludes": ["INV-7773"],
                                            "dates": [["INV-2286", "2026-01-21"], ["INV-9526", "2026-02-15"]], "count": [2, "invoice"],
                                            "ids": {"shape": "inv-[0-9]+", "right": ["inv-2286", "inv-9526"]}}))
+CARDS = "Overdue:\n\nInvoice INV-2286\nAmount: $8,350.00\nDue: 2026-01-21\n\nInvoice INV-9526\nAmount: $2,100.00\nDue: 2026-02-15"
 RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 USD, due 2026-02-15"
 
 
@@ -87,6 +88,12 @@ RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 
     ("Invoice INV-2286\nAmount: $2,100.00\nDue: 2026-01-21\n\nInvoice INV-9526\nAmount: $8,350.00\nDue: 2026-02-15", False),
     ("Invoice INV-2286\nAmount: $8,350.00\nDue: 2026-02-15\n\nInvoice INV-9526\nAmount: $2,100.00\nDue: 2026-01-21", False),
     ("Invoice INV-2286\nAmount: $8,350.00\nDue: 2026-01-21", False),  # one card left out
+    # a card ends at a blank line followed by no labelled field: a closing line's date is no card's
+    (CARDS + "\n\nChecked on 2026-03-02.", True),
+    (CARDS + "\n\nAs of 2026-03-02, both are still unpaid.", True),
+    (CARDS.replace("\nDue:", "\n\nDue:"), True),  # fields a blank line apart are still the card's
+    (CARDS.replace("\nDue:", "\n\n**Due date:**").replace("2026-01-21", "X").replace("2026-02-15", "2026-01-21").replace("X", "2026-02-15"),
+     False),  # ... so dates swapped between them are caught
     # a line with its own figures heads no card: the dates below it are no record's
     ("INV-2286 (8,350.00 USD) and INV-9526 (2,100.00 USD), due 2026-01-21 and 2026-02-15 respectively.\nChecked on 2026-03-02.", True),
 ])

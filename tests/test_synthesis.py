@@ -2684,6 +2684,16 @@ def ctl_answer_as_cards(spec, turns, ref):
             yield f"turn {ti}: cards", _answered(spec, turns, ti, _as_cards(head, rows, [f"{float(r[1]):,.2f}" for r in rows]))
 
 
+def ctl_answer_as_cards_then_a_dated_note(spec, turns, ref):
+    """CONTROL: the cards, then a blank line and a closing line with a date of its own ("Checked on 2026-03-02.").
+    Must still pass: the date is no card's."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        if rows:
+            cards = _as_cards(head, rows, [f"{float(r[1]):,.2f}" for r in rows])
+            yield f"turn {ti}: cards + dated note", _answered(spec, turns, ti, cards + "\n\nChecked on 2026-03-02.")
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -2720,7 +2730,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,
              "answer_time_an_hour_off": op_answer_time_an_hour_off, "answer_time_with_am_pm (control)": ctl_answer_time_with_am_pm,
              "answer_respectively (control)": ctl_answer_respectively, "answer_amounts_first (control)": ctl_answer_amounts_first,
-             "answer_as_cards (control)": ctl_answer_as_cards, "utc_as_an_iso_timestamp (control)": ctl_utc_as_an_iso_timestamp,
+             "answer_as_cards (control)": ctl_answer_as_cards,
+             "answer_as_cards_then_a_dated_note (control)": ctl_answer_as_cards_then_a_dated_note, "utc_as_an_iso_timestamp (control)": ctl_utc_as_an_iso_timestamp,
              CONTROL: op_empty_reply, "repeated_lookups (control)": ctl_repeated_lookups,
              "uppercase_addresses (control)": ctl_uppercase_addresses, "amount_notation (control)": ctl_amount_notation,
              "fill_empty_field (control)": ctl_fill_empty_field, "time_in_another_offset (control)": ctl_time_in_another_offset,

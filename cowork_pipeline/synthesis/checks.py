@@ -253,22 +253,24 @@ def _attributed(part, names, found, before):
 def _parts(t, names):
     # the lines and sentences of ``t`` a record's values are read in; a line naming one record and no figure
     # ("invoice inv-2286", "### inv-2286") heads a card: the lines under it that name no record are its
-    # ("amount: 8350.00", "due: 2026-01-21"), read as one part, up to the next line naming a record
+    # ("amount: 8350.00", "due: 2026-01-21"), read as one part, up to the next line naming a record or, after a
+    # blank line, one that is no labelled field (a closing "as of 2026-03-02, both are unpaid" is no card's)
     import re
     lines, cards = [], []
-    head = False
+    head = gap = False
     for line in t.split(chr(10)):
         if not line.strip():
+            gap = True
             continue
         bare, named = line, 0
         for n in names:
             if n in bare:
                 bare, named = bare.replace(n, " "), named + 1
-        if head and not named:
-            lines, cards = lines[:-1] + [lines[-1] + " " + line], cards[:-1] + [True]
+        if head and not named and (not gap or re.match("[ ]*(?:[-*+>#|][ ]*)*[*_]*[a-z][a-z /()]{0,30}[*_]*:", line)):
+            lines, cards, gap = lines[:-1] + [lines[-1] + " " + line], cards[:-1] + [True], False
             continue
         head = named == 1 and re.search("[0-9]", bare) is None
-        lines, cards = lines + [line], cards + [False]
+        lines, cards, gap = lines + [line], cards + [False], False
     parts = []
     for i in range(len(lines)):
         parts = parts + ([lines[i]] if cards[i] else re.split(";|[.!?](?: |$)", lines[i]))
