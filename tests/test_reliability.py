@@ -196,8 +196,23 @@ def assert_partition_exact(lake: Lake, cid: str, want: SynthesisTables, *, promo
             writers[table] = rows["_run_id"][0]
         if table == "validated_environments":  # byte-identical environments and verdicts
             got = rows.select(VERDICT_COLUMNS).sort("env_id")
-            assert got.equals(want.validated.select(VERDICT_COLUMNS).sort("env_id")), cid
+            exp = want.validated.select(VERDICT_COLUMNS).sort("env_id")
+            assert got.equals(exp), (cid, _differences(got, exp))
     return writers
+
+
+def _differences(got: pl.DataFrame, want: pl.DataFrame) -> dict[str, Any]:
+    """Which columns of two frames of one shape differ, with the first differing pair of each (a failure says
+    what changed, not only that something did)."""
+    if got.shape != want.shape:
+        return {"shape": (got.shape, want.shape)}
+    out = {}
+    for col in got.columns:
+        for a, b in zip(got[col].to_list(), want[col].to_list()):
+            if a != b:
+                out[col] = (str(a)[:300], str(b)[:300])
+                break
+    return out
 
 
 def ensure_partitions(h: House, cids: list[str]) -> None:
