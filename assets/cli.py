@@ -1,4 +1,4 @@
-"""The `cowork` command: run the pipeline, open the UI, serve a checkpoint, audit lineage."""
+"""The `cowork` command: run the pipeline, benchmark an endpoint, open the UI, serve a checkpoint, audit lineage."""
 import argparse
 import os
 import subprocess
@@ -67,7 +67,64 @@ def _add_generator_args(parser: argparse.ArgumentParser) -> None:
                    help="ask the endpoint again even for a request answered before (default: replay answers kept in <home>/llm-cache)")
 
 
+def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("models to benchmark behind OpenAI-compatible endpoints (repeat for several)")
+    g.add_argument("--endpoint", action="append", default=[], metavar="BASE_URL",
+                   help="e.g. http://127.0.0.1:8000/v1 (vLLM, SGLang, `cowork serve`, a hosted API)")
+    g.add_argument("--endpoint-model", action="append", default=[], metavar="NAME", help="the model the endpoint serves (one per --endpoint)")
+    g.add_argument("--endpoint-name", action="append", default=[], metavar="LABEL",
+                   help="its label in the scores (agent endpoint:LABEL; default: the model's name)")
+    g.add_argument("--endpoint-api-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                   help="environment variable holding the endpoints' API key (default OPENAI_API_KEY; unset: none sent)")
+    g.add_argument("--endpoint-concurrency", type=int, default=8, metavar="N", help="requests in flight per endpoint (default 8)")
+    g.add_argument("--endpoint-max-tokens", type=int, default=0, metavar="N", help="tokens per turn (default: the endpoint's)")
+    g.add_argument("--no-agent-cache", action="store_true",
+                   help="ask the endpoints again even for requests answered before (default: replay answers kept in <home>/agent-cache)")
+
+
+def _agents(args: argparse.Namespace) -> Any:
+    """The AgentsResource the endpoint flags describe; a bad URL or option raises ValueError here."""
+    from resources import AgentsResource, EndpointConfig
+
+    names = args.endpoint_name + [""] * (len(args.endpoint) - len(args.endpoint_name))
+    agents = AgentsResource(endpoints=[EndpointConfig(base_url=u, model=m, name=n, api_key_env=args.endpoint_api_key_env,
+                                                      concurrency=args.endpoint_concurrency, max_tokens=args.endpoint_max_tokens)
+                                       for u, m, n in zip(args.endpoint, args.endpoint_model, names)],
+                            response_cache=not args.no_agent_cache)
+    agents.build()
+    return agents
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from assets.run import ensure_home, run_benchmark
+    from resources import SMOKE_PROFILE, LakeResource, ProfileResource
+
+    home = _home(args)
+    os.environ.setdefault("COWORK_HOME", str(home))
+    profile = ProfileResource(**(dict(SMOKE_PROFILE) if args.profile == "smoke" else {"name": args.profile}))
+    lake = LakeResource(root=args.lake or str(home / "lake"))
+    try:
+        agents = _agents(args)
+        instance = ensure_home(home / "dagster_home")
+        t0 = time.perf_counter()
+        timings = run_benchmark(profile, lake, instance, agents)
+    except ValueError as e:
+        print(f"cowork eval: {e}", file=sys.stderr)
+        return 2
+    from assets.summary import print_summary
+
+    print_summary(lake.lake(), timings, time.perf_counter() - t0, only=("benchmark_scores",))
+    return 0
+
+
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if getattr(args, "cmd", None) in ("ui", "eval"):
+        if len(args.endpoint) != len(args.endpoint_model) or len(args.endpoint_name) > len(args.endpoint):
+            p.error("give one --endpoint-model per --endpoint (and at most one --endpoint-name each)")
+        if args.cmd == "eval" and not args.endpoint:
+            p.error("cowork eval needs at least one --endpoint and its --endpoint-model")
+        if args.endpoint_concurrency < 1:
+            p.error(f"--endpoint-concurrency must be at least 1, got {args.endpoint_concurrency}")
     if getattr(args, "cmd", None) not in ("run", "ui"):
         return
     if args.generator == "llm" and not (args.base_url and args.model):
@@ -87,7 +144,7 @@ def ui_environment(args: argparse.Namespace) -> dict[str, str]:
     home folder and the generator from there (``LakeResource``, ``GeneratorResource.from_env``)."""
     home = _home(args)
     return dict(os.environ, COWORK_LAKE=os.environ.get("COWORK_LAKE", str(home / "lake")), COWORK_HOME=str(home),
-                **_generator(args).to_env())
+                **_generator(args).to_env(), **_agents(args).to_env())
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -139,7 +196,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     u = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1 (its runs, sensors and schedule use the generator given here)")
     u.add_argument("--port", type=int, default=3000)
     _add_generator_args(u)
+    _add_endpoint_args(u)
     u.set_defaults(fn=cmd_ui)
+    e = sub.add_parser("eval", help="benchmark models behind OpenAI-compatible endpoints beside the students, on the lake's "
+                                    "held-out environments (after `cowork run`)")
+    e.add_argument("--profile", default="default", choices=["default", "smoke"], help="trials and environments per capability")
+    e.add_argument("--lake", help="lake root (default: <home>/lake)")
+    _add_endpoint_args(e)
+    e.set_defaults(fn=cmd_eval)
     s = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible endpoint on 127.0.0.1")
     s.add_argument("checkpoint")
     s.add_argument("--host", default="127.0.0.1")

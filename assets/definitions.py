@@ -4,16 +4,16 @@ from __future__ import annotations
 import dagster as dg
 
 from assets import automation, evaluation, models, rl, synthesis
-from resources import ComputeResource, GeneratorResource, LakeResource, ProfileResource
+from resources import AgentsResource, ComputeResource, GeneratorResource, LakeResource, ProfileResource
 
 ALL_ASSETS = [synthesis.capability_specs, synthesis.synthesized_environments, synthesis.environment_splits,
               models.teacher_trajectories, models.demonstrations, models.sft_checkpoint, rl.rl_training, evaluation.benchmark_scores]
 
 
 def resources(profile: ProfileResource | None = None, lake: LakeResource | None = None,
-              generator: GeneratorResource | None = None) -> dict:
+              generator: GeneratorResource | None = None, agents: AgentsResource | None = None) -> dict:
     return {"lake": lake or LakeResource(), "profile": profile or ProfileResource(), "generator": generator or GeneratorResource.from_env(),
-            "compute": ComputeResource()}
+            "compute": ComputeResource(), "agents": agents or AgentsResource.from_env()}
 
 
 def build_definitions(profile: ProfileResource | None = None, lake: LakeResource | None = None) -> dg.Definitions:

@@ -1,6 +1,4 @@
 """Asset: benchmark scores of every agent on the held-out environments, with a comparison report."""
-import json
-from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -11,7 +9,7 @@ from assets.models import envs_by_split, model_dir
 from cowork_pipeline.evaluation import comparison_table, evaluate, markdown_table, report
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.training.registry import latest_trained
-from resources import ComputeResource, LakeResource, ProfileResource
+from resources import AgentsResource, ComputeResource, LakeResource, ProfileResource
 
 HELDOUT = ("heldout_env", "heldout_capability")
 
@@ -31,8 +29,10 @@ def _agents(ckpts: pl.DataFrame) -> list[dict]:
 @dg.asset(group_name="evaluation", code_version="1", deps=["checkpoints", "rl_checkpoints", "environment_splits"],
           check_specs=[check_spec("benchmark_scores", "every trial scored in [0, 1], ids present for lineage")],
           automation_condition=GATED)
-def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource, compute: ComputeResource):
-    """Base, SFT and RL students and the teacher, k trials each on held-out environments (Claw-Eval scoring)."""
+def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource, compute: ComputeResource,
+                     agents: AgentsResource):
+    """Base, SFT and RL students, the teacher and any configured endpoint, k trials each on held-out environments
+    (Claw-Eval scoring)."""
     from cowork_pipeline.agents.hf_agent import HFAgent
     from cowork_pipeline.demonstrations import EmbeddedTeacher
     from cowork_pipeline.validation.sandbox import Sandbox
@@ -48,16 +48,23 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
             upstream["rl_checkpoints"] = v_rl
         except Exception as e:  # RL is optional: score what exists, say why RL is missing
             context.log.warning(f"rl_checkpoints not used: {e}")
-    agents = [(r["kind"], r["checkpoint_id"], r["path"]) for r in _agents(ckpts)]
+    students = [(r["kind"], r["checkpoint_id"], r["path"]) for r in _agents(ckpts)]
     frames = []
     device = compute.resolve()
     with Sandbox(workers=profile.sandbox_workers) as sb:
-        for kind, ckpt_id, path in agents:
+        for kind, ckpt_id, path in students:
             agent = HFAgent(path, device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed)
             agent.name = f"{kind}:{ckpt_id}"
             df = evaluate(agent, envs, sb, trials=profile.eval_trials, fault_rate=profile.eval_fault_rate, checkpoint_id=ckpt_id,
                           seed=profile.seed)
             context.log.info(f"{agent.name}: pass rate {df['passed'].mean():.3f} on {len(envs)} held-out environments")
+            frames.append(df)
+        endpoints = agents.build()
+        for ckpt_id, agent in endpoints:  # models behind OpenAI-compatible endpoints, scored the same way
+            df = evaluate(agent, envs, sb, trials=profile.eval_trials, fault_rate=profile.eval_fault_rate, checkpoint_id=ckpt_id,
+                          seed=profile.seed)
+            context.log.info(f"{agent.name} ({agent.model} at {agent.client.base_url}): pass rate {df['passed'].mean():.3f}, "
+                             f"{agent.usage['requests']} requests ({agent.usage['cached']} replayed)")
             frames.append(df)
         # The teacher needs each environment's reference: one agent per environment, same scoring.
         for env, split in envs:
@@ -78,7 +85,8 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})])
     mat.metadata.update({"comparison": dg.MetadataValue.md(markdown_table(table)), "report": dg.MetadataValue.md(text),
                          "report_path": str(report_path) if report_path else "",
-                         "plot": _plot(table), "heldout_environments": len(envs)})
+                         "plot": _plot(table), "heldout_environments": len(envs),
+                         "endpoints": [{"agent": a.name, "model": a.model, "base_url": a.client.base_url, **a.usage} for _, a in endpoints]})
     yield mat
     yield check
 

@@ -9,7 +9,7 @@ import dagster as dg
 from assets.definitions import ALL_ASSETS, resources
 from assets.order import DOWNSTREAM, RUN_ORDER, SYNTHESIS
 from cowork_pipeline.capabilities import CapabilityError, load_catalog
-from resources import GeneratorResource, LakeResource, ProfileResource
+from resources import AgentsResource, GeneratorResource, LakeResource, ProfileResource
 
 DAGSTER_YAML = """\
 telemetry:
@@ -64,26 +64,8 @@ def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterIn
     refused = [why for c in caps if check is not None and (why := check(catalog[c]))]
     if refused:
         raise CapabilityError("the generator cannot draft these capabilities:\n  " + "\n  ".join(refused))
-    res = resources(profile, lake, generator)
-    timings: dict[str, float] = {}
-
-    def step(label: str, selection: list[str], partition: str | None = None) -> None:
-        t0 = time.perf_counter()
-        result = dg.materialize(ALL_ASSETS, selection=_asset_keys(selection), partition_key=partition, instance=instance,
-                                resources=res, raise_on_error=False, tags={"cowork/profile": profile.name})
-        dt = time.perf_counter() - t0
-        timings[label] = dt
-        failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
-        status = "ok" if result.success and not failed_checks else "FAILED"
-        log(f"  {label:<48} {status:>6}  {dt:6.1f}s  run {result.run_id[:8]}")
-        for e in failed_checks:
-            log(f"    check {e.asset_check_key.name} failed: {e.metadata.get('summary').value if e.metadata.get('summary') else ''}")
-        if not result.success:
-            for ev in result.all_events:
-                if ev.is_failure:
-                    log(f"    {ev.message}")
-            raise SystemExit(f"step '{label}' failed; see the run {result.run_id} in `cowork ui`")
-
+    step = _Stepper(profile, instance, resources(profile, lake, generator), log)
+    timings = step.timings
     log(f"cowork run: profile '{profile.name}', lake {lake.root}" + (f", until {until}" if until else ""))
     step("capability_specs", ["capability_specs"])
     if last == 0:
@@ -95,3 +77,43 @@ def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterIn
             break
         step(" + ".join(names), list(names))
     return timings
+
+
+def run_benchmark(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterInstance, agents: AgentsResource,
+                  log: Callable[[str], None] = print) -> dict:
+    """Materialize ``benchmark_scores`` alone, on the environments and checkpoints already in the lake, with the
+    endpoints of ``agents`` scored beside the students (what `cowork eval` does). Returns its timing."""
+    agents.build()  # a bad URL or setting stops here, before anything runs
+    missing = [t for t in ("environment_splits", "validated_environments", "checkpoints") if not lake.lake().exists(t)]
+    if missing:
+        raise ValueError(f"the lake {lake.root} has no {', '.join(missing)} yet: run `cowork run` first")
+    step = _Stepper(profile, instance, resources(profile, lake, agents=agents), log)
+    log(f"cowork eval: profile '{profile.name}', lake {lake.root}, endpoints: "
+        + (", ".join(f"{e.label()} ({e.model} at {e.base_url})" for e in agents.endpoints) or "none"))
+    step("benchmark_scores", ["benchmark_scores"])
+    return step.timings
+
+
+class _Stepper:
+    """Materializes a selection in one run and logs its outcome; a failed run stops with SystemExit."""
+
+    def __init__(self, profile: ProfileResource, instance: dg.DagsterInstance, res: dict, log: Callable[[str], None]):
+        self.profile, self.instance, self.res, self.log = profile, instance, res, log
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, label: str, selection: list[str], partition: str | None = None) -> None:
+        t0 = time.perf_counter()
+        result = dg.materialize(ALL_ASSETS, selection=_asset_keys(selection), partition_key=partition, instance=self.instance,
+                                resources=self.res, raise_on_error=False, tags={"cowork/profile": self.profile.name})
+        dt = time.perf_counter() - t0
+        self.timings[label] = dt
+        failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
+        status = "ok" if result.success and not failed_checks else "FAILED"
+        self.log(f"  {label:<48} {status:>6}  {dt:6.1f}s  run {result.run_id[:8]}")
+        for e in failed_checks:
+            self.log(f"    check {e.asset_check_key.name} failed: {e.metadata.get('summary').value if e.metadata.get('summary') else ''}")
+        if not result.success:
+            for ev in result.all_events:
+                if ev.is_failure:
+                    self.log(f"    {ev.message}")
+            raise SystemExit(f"step '{label}' failed; see the run {result.run_id} in `cowork ui`")

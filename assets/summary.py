@@ -2,11 +2,12 @@
 from cowork_pipeline.lake import Lake, LakeError
 
 
-def print_summary(lake: Lake, timings: dict, total: float, until: str | None = None) -> None:
-    """The lake's promoted tables; with ``until``, only those the run reached (later ones may be older)."""
+def print_summary(lake: Lake, timings: dict, total: float, until: str | None = None, only: tuple[str, ...] = ()) -> None:
+    """The lake's promoted tables; with ``until``, only those the run reached (later ones may be older); with
+    ``only``, those tables alone."""
     from assets.order import RUN_ORDER
 
-    reached = set(RUN_ORDER[:RUN_ORDER.index(until) + 1] if until else RUN_ORDER)
+    reached = set(only) if only else set(RUN_ORDER[:RUN_ORDER.index(until) + 1] if until else RUN_ORDER)
     print("\n== cowork run summary ==")
     print(f"total {total:.1f}s; lake {lake.root}")
     for table in ("capability_specs", "validated_environments", "rejected_environments", "repair_log", "environment_splits",

@@ -8,7 +8,6 @@ environment solved if any of its k trials passed; Pass^k only if all k did.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import polars as pl

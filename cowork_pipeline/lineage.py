@@ -15,7 +15,7 @@ demo id, trajectory id, RL rollout id, environment id, repair attempt id, capabi
     score:<checkpoint_id>:<env_id>:<trial>            the same, in the promoted benchmark_scores
     score:<checkpoint_id>:<env_id>                    every trial of that checkpoint on that environment
     <env_id>@<checkpoint_id>                          the same as the line above (either order is accepted)
-    ckpt:<checkpoint_id>                              a checkpoint (checkpoints, rl_checkpoints; teacher-embedded too)
+    ckpt:<checkpoint_id>                              a checkpoint (checkpoints, rl_checkpoints; teacher-embedded and endpoint-<name> too)
     rollout:<rollout_id>                              an RL rollout (rl_rollouts; absent table: a clear error)
     demo:<demo_id>                                    a demonstration (demo-...)
     traj:<traj_id>                                    a teacher trajectory (<env_id>:<teacher>:<seed>)
@@ -451,6 +451,11 @@ class _Tracer:
             n = LineageNode("checkpoint", ckpt, "the embedded teacher (no weights)")
             n.attrs = {"kind": "teacher", "policy": "each environment's certified reference program, executed as an agent",
                        "training_data": "none"}
+            return n
+        if ckpt.startswith("endpoint-"):
+            n = LineageNode("checkpoint", ckpt, "a model behind an OpenAI-compatible endpoint (no weights in the lake)")
+            n.attrs = {"kind": "endpoint", "policy": "an external model, scored through the same runner and graders",
+                       "training_data": "unknown to the lake"}
             return n
         hit = self.find_checkpoint(ckpt, versions)
         end = self.settled("checkpoint", ckpt, hit, "not in the checkpoint tables",

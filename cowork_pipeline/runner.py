@@ -167,6 +167,8 @@ def run_episodes(
         except Exception as e:  # noqa: BLE001 - one failing batch fails its episodes, recorded
             replies, errors = [None] * len(idx), [e] * len(idx)
         for i, reply, err in zip(idx, replies, errors):
+            if err is None and isinstance(reply, Exception):
+                err = reply  # act_batch may fail one conversation and answer the others
             try:
                 pending[i] = gens[i].throw(err) if err is not None else gens[i].send(reply)
             except StopIteration as stop:

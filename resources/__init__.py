@@ -1,7 +1,9 @@
 """Dagster resources: thin, configurable wrappers over the domain core."""
 from __future__ import annotations
 
+import json
 import os
+import re
 from typing import Any
 
 import dagster as dg
@@ -111,6 +113,64 @@ class GeneratorResource(dg.ConfigurableResource):
                               cache_dir=(self.cache_dir or os.path.join(os.environ.get("COWORK_HOME", ".cowork"), "llm-cache"))
                               if self.response_cache else None)
         raise ValueError(f"unknown generator backend {self.backend!r} (embedded | llm)")
+
+
+class EndpointConfig(dg.Config):
+    """A model behind an OpenAI-compatible chat-completions endpoint that the benchmark scores beside the students."""
+
+    base_url: str  # e.g. http://127.0.0.1:8000/v1 (vLLM, SGLang, `cowork serve`, a hosted API)
+    model: str  # the name the endpoint serves
+    name: str = ""  # label in the scores (agent endpoint:<name>); empty: the model's name
+    api_key_env: str = "OPENAI_API_KEY"  # the variable holding the key (never the key itself: config is stored)
+    temperature: float = 0.0
+    max_tokens: int = 0  # per turn; 0: the endpoint's default
+    concurrency: int = 8  # requests in flight at once
+    timeout_s: float = 120.0
+    max_retries: int = 2  # per request, on timeouts, 429 and 5xx
+
+    def label(self) -> str:
+        """The endpoint's id in the lake (checkpoint_id endpoint-<label>): no ':' (score ids are ':'-separated)."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", self.name or self.model).strip("-") or "model"
+
+
+_ENDPOINTS_ENV = "COWORK_EVAL_ENDPOINTS"  # how `cowork ui` hands its --endpoint flags to the code location (JSON)
+
+
+class AgentsResource(dg.ConfigurableResource):
+    """Agents the benchmark scores besides the students and the teacher: models behind OpenAI-compatible endpoints."""
+
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    response_cache: bool = True  # answers kept by request under cache_dir: a re-run replays them instead of paying again
+    cache_dir: str = ""  # empty: <COWORK_HOME>/agent-cache
+
+    def build(self) -> list[tuple[str, Any]]:
+        """(checkpoint id, agent) per endpoint; a bad URL or setting raises ValueError."""
+        from cowork_pipeline.agents.openai_agent import OpenAIAgent
+
+        labels = [e.label() for e in self.endpoints]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"two endpoints share a label ({', '.join(labels)}): give them distinct names")
+        cache = (self.cache_dir or os.path.join(os.environ.get("COWORK_HOME", ".cowork"), "agent-cache")) if self.response_cache else None
+        out = []
+        for e, label in zip(self.endpoints, labels):
+            key = os.environ.get(e.api_key_env, "") if e.api_key_env else ""
+            out.append((f"endpoint-{label}", OpenAIAgent(e.base_url, e.model, api_key=key or None, name=f"endpoint:{label}",
+                                                          temperature=e.temperature, max_tokens=e.max_tokens or None,
+                                                          concurrency=e.concurrency, timeout_s=e.timeout_s, max_retries=e.max_retries,
+                                                          cache_dir=cache)))
+        return out
+
+    def to_env(self) -> dict[str, str]:
+        return {_ENDPOINTS_ENV: json.dumps([e.model_dump() for e in self.endpoints])} if self.endpoints else {}
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "AgentsResource":
+        env = os.environ if environ is None else environ
+        raw = env.get(_ENDPOINTS_ENV, "")
+        try:
+            return cls(endpoints=[EndpointConfig(**e) for e in json.loads(raw)] if raw else [])
+        except Exception as e:  # noqa: BLE001 - pydantic's or json's message, with the variable it came from
+            raise ValueError(f"invalid endpoints in {_ENDPOINTS_ENV}: {e}") from None
 
 
 class ProfileResource(dg.ConfigurableResource):

@@ -185,3 +185,50 @@ def test_each_capability_drafts_its_own_number_of_environments_unless_the_profil
     assert drafted(ProfileResource(name="own-counts", catalog_dir=str(catalog)), "lake1") == {"invoice_reconcile": 2, "schedule_meeting": 3}
     assert drafted(ProfileResource(name="override", catalog_dir=str(catalog), envs_per_capability=1), "lake2") == {
         "invoice_reconcile": 1, "schedule_meeting": 1}
+
+
+def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
+    """`cowork eval --endpoint URL --endpoint-model NAME`: a model behind an OpenAI-compatible endpoint (here our
+    own server, answering each held-out task with its reference, as a perfect model would) is scored on the lake's
+    held-out environments in the same run and table as the students and the teacher, and traces through lineage."""
+    from _servers import running
+    from assets.cli import main
+    from assets.models import envs_by_split
+    from cowork_pipeline.agents.program import ProgramAgent
+    from cowork_pipeline.lineage import score_id, trace
+    from cowork_pipeline.serving.server import make_app
+
+    lake, instance, _, _ = smoke_run
+    envs, _ = envs_by_split(lake, ("heldout_env", "heldout_capability"), SMOKE_PROFILE["eval_envs_per_capability"])
+    programs = {env.turns[0].user: ProgramAgent(env.reference) for env, _ in envs}
+
+    class Oracle:
+        name = "oracle"
+
+        def act(self, messages, tools):
+            return programs[next(m["content"] for m in messages if m["role"] == "user")].act(messages, tools)
+
+    home = Path(lake.root).parent
+    with running(make_app(Oracle(), model_name="oracle")) as base:
+        code = main(["--home", str(home), "eval", "--profile", "smoke", "--lake", lake.root, "--endpoint", base + "/v1",
+                     "--endpoint-model", "oracle", "--endpoint-name", "perfect model", "--no-agent-cache"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    scores, _ = lake.read_promoted("benchmark_scores")
+    mine = scores.filter(pl.col("agent") == "endpoint:perfect-model")
+    teacher = scores.filter(pl.col("agent") == "teacher:embedded")
+    assert set(mine["checkpoint_id"]) == {"endpoint-perfect-model"} and mine.height == teacher.height > 0
+    assert mine["passed"].all() and set(mine["env_id"]) == {env.env_id for env, _ in envs}
+    assert {"base", "sft", "teacher", "endpoint"} <= {a.split(":")[0] for a in scores["agent"].unique()}  # one table, one run
+    assert "endpoint:perfect-model" in out
+    meta = instance.get_latest_materialization_event(dg.AssetKey("benchmark_scores")).asset_materialization.metadata
+    (endpoint,) = meta["endpoints"].value
+    assert endpoint["model"] == "oracle" and endpoint["requests"] == endpoint["http_attempts"] > 0
+    assert "### endpoint:perfect-model\n\nNo failed trial." in meta["report"].value
+    row = mine.row(0, named=True)
+    tree = trace(lake, score_id(row["run_id"], row["checkpoint_id"], row["env_id"], row["trial"]))
+    kinds = {c.kind: c for c in tree.children}
+    assert kinds["checkpoint"].attrs["kind"] == "endpoint" and kinds["environment"].id.endswith(row["env_id"])
+    # a bad invocation says what is wrong and runs nothing
+    assert main(["--home", str(home), "eval", "--lake", lake.root, "--endpoint", "ftp://x", "--endpoint-model", "m"]) == 2
+    assert "http(s) URL" in capsys.readouterr().err

@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import pytest
 
 from cowork_pipeline.agents.base import assistant_message, tool_call
 from cowork_pipeline.serving.server import make_app
+from _servers import running
 
 MAIL_SEND = {"type": "function", "function": {
     "name": "mail_send", "description": "Send an email.",
@@ -40,28 +37,6 @@ class StubAgent:
         if tools and messages[-1]["role"] != "tool":
             return assistant_message(None, [tool_call("call_0", tools[0]["function"]["name"], ARGS)])
         return assistant_message("echo: " + str(messages[-1].get("content")))
-
-
-@contextmanager
-def running(app: Any) -> Iterator[str]:
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # bound before the server starts: no free-port race
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started:
-        assert time.time() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def client(base: str):

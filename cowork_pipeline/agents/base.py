@@ -24,11 +24,13 @@ class Agent(Protocol):
 
 @runtime_checkable
 class BatchAgent(Agent, Protocol):
-    """Agents that generate for many conversations at once (batched, KV-cached)."""
+    """Agents that generate for many conversations at once (batched, KV-cached, or concurrent requests). An
+    item may be the exception that conversation's step ended in: the runner ends that episode with it
+    (``agent_error``) and goes on with the others."""
 
     def act_batch(
         self, conversations: Sequence[tuple[Sequence[Message], Sequence[ToolSchema]]]
-    ) -> list[Message]: ...
+    ) -> list[Message | Exception]: ...
 
 
 def tool_call(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:

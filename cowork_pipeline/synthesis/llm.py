@@ -17,7 +17,7 @@ the model's raw answer (``draft.raw``), response metadata (``knobs["response"]``
 (``cost["llm_tokens"]``, ``cost["prompt_tokens"]``, ``cost["completion_tokens"]``,
 ``cost["seconds"]``, ``cost["http_attempts"]``).
 
-With ``cache_dir``, answers are kept on disk by request (:class:`ResponseCache`): the same prompt,
+With ``cache_dir``, answers are kept on disk by request (:class:`cowork_pipeline.chat_client.ResponseCache`): the same prompt,
 model and sampling settings are answered from there (``knobs["cache_hit"]``, zero tokens spent), so
 re-running a partition costs nothing and drafts the same environments (after a validator change, only
 revisions that answer new diagnostics are new requests).
@@ -26,18 +26,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import http.client
-import ipaddress
 import json
 import random
 import re
-import os
-import socket
-import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,13 +37,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from cowork_pipeline.capabilities import Capability
+from cowork_pipeline.chat_client import ChatClient, TransportError
 from cowork_pipeline.services import REGISTRY, tools_for
 from cowork_pipeline.spec import EnvironmentSpec, GeneratorInfo, canonical_json
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 
 BACKEND_VERSION = "llm-1"
 PROMPTS_DIR = Path(__file__).parent / "prompts"
-RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 MAX_DIAGNOSTICS = 30  # per revise prompt / per parse failure
 MAX_PREVIOUS_CHARS = 60_000  # a garbage answer is quoted back at most this long
 
@@ -328,54 +320,6 @@ def parse_spec(content: str | None, cap: Capability, seed: int, *, attempt: int,
         return None, diags, dropped
 
 
-# ---- transport ---------------------------------------------------------------------------
-class TransportError(RuntimeError):
-    def __init__(self, message: str, attempts: int):
-        super().__init__(message)
-        self.attempts = attempts
-
-
-def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class ResponseCache:
-    """Chat-completion answers on disk, keyed by the request (endpoint URL and the whole body: model,
-    messages, sampling settings, seed). A re-run with the same prompts replays the answers instead of
-    paying for them again, and so drafts the same environments. Only usable answers are stored (never
-    an error); an entry that cannot be read is a miss and is replaced by the next answer."""
-
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
-
-    @staticmethod
-    def key(url: str, payload: dict[str, Any]) -> str:
-        return hashlib.sha256(canonical_json({"url": url, "request": payload}).encode()).hexdigest()
-
-    def _path(self, key: str) -> Path:
-        return self.folder / key[:2] / f"{key}.json"
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        try:
-            body = json.loads(self._path(key).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return body if isinstance(body, dict) and "choices" in body else None
-
-    def put(self, key: str, body: dict[str, Any]) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(body), encoding="utf-8")
-        os.replace(tmp, path)  # atomic: a reader sees the old entry or the whole new one
-
-
 class LLMBackend:
     """Generator backend over an OpenAI-compatible ``/chat/completions`` endpoint."""
 
@@ -388,31 +332,22 @@ class LLMBackend:
                  json_mode: bool = True, concurrency: int = 8, cache_dir: str | Path | None = None):
         if int(concurrency) < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        parts = urllib.parse.urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            # Fail here, not as one generator_error per draft after every retry.
-            raise ValueError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
-        self.url = self.base_url + "/chat/completions"
+        self.client = ChatClient(base_url, api_key, timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                                 max_backoff_s=max_backoff_s, cache_dir=cache_dir)
+        # (the client's settings, read here by the resource's tests and the code location)
+        c = self.client
+        self.base_url, self.url, self.cache, self.api_key = c.base_url, c.url, c.cache, c.api_key
+        self.timeout_s, self.max_retries, self.backoff_s, self.max_backoff_s = c.timeout_s, c.max_retries, c.backoff_s, c.max_backoff_s
         self.model = model
-        self.api_key = api_key
         self.temperature = temperature
-        self.timeout_s = timeout_s
-        self.max_retries = max(0, int(max_retries))
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
         self.max_tokens = max_tokens
         self.json_mode = json_mode
         self.prompt_version = prompt_version
         # Requests in flight at once when the repair loop drafts or revises many environments; every
         # call is independent (no state is written after construction), so threads may share this object.
         self.concurrency = int(concurrency)
-        self.cache = ResponseCache(cache_dir) if cache_dir else None
         self.generate_template = load_template(f"generate_{prompt_version}")  # fail fast on an unknown version
         self.revise_template = load_template(f"revise_{prompt_version}")
-        # Loopback endpoints bypass any HTTP(S)_PROXY of the environment.
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.url) else []
-        self._opener = urllib.request.build_opener(*handlers)
 
     # ---- GeneratorBackend ------------------------------------------------------------------
     def draft(self, capability: Capability, seed: int) -> Draft:
@@ -511,82 +446,7 @@ class LLMBackend:
             payload["response_format"] = {"type": "json_object"}
         if self.max_tokens:
             payload["max_tokens"] = self.max_tokens
-        if self.cache is None:
-            return self._send(payload)
-        key = self.cache.key(self.url, payload)  # before _send, which may drop response_format
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit, 0
-        body, attempts = self._send(payload)
-        try:
-            self.cache.put(key, body)
-        except OSError:  # a cache that cannot be written costs a later re-run, never this answer
-            pass
-        return body, attempts
-
-    def _send(self, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        attempts, retry, dropped_format = 0, 0, False
-        last = ""
-        while True:
-            attempts += 1
-            delay: float | None = None
-            req = urllib.request.Request(self.url, data=json.dumps(payload).encode(), headers=headers, method="POST")
-            try:
-                with self._opener.open(req, timeout=self.timeout_s) as resp:
-                    raw = resp.read()
-                try:
-                    body = json.loads(raw)
-                    if not isinstance(body, dict):
-                        raise ValueError(f"expected a JSON object, got {type(body).__name__}")
-                    if "choices" not in body:
-                        raise ValueError(f"no 'choices' in the response (keys: {sorted(body)[:8]})")
-                    return body, attempts
-                except ValueError as e:
-                    last = f"HTTP {resp.status} with an unusable body: {e}: {raw[:200]!r}"
-            except urllib.error.HTTPError as e:
-                text = _read_error(e)
-                last = f"HTTP {e.code} from {self.url}: {text}"
-                if e.code == 400 and "response_format" in payload and "response_format" in text and not dropped_format:
-                    payload.pop("response_format")  # a server without JSON mode: ask again without it (free)
-                    dropped_format = True
-                    continue
-                if e.code not in RETRY_STATUS:
-                    raise TransportError(f"{last} (not retried)", attempts) from None
-                delay = _retry_after(e)
-            except (urllib.error.URLError, http.client.HTTPException, socket.timeout, TimeoutError, ConnectionError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                last = f"cannot reach {self.url}: {type(reason).__name__}: {reason}"
-            if retry >= self.max_retries:
-                raise TransportError(f"{last} (gave up after {attempts} attempt(s))", attempts)
-            wait = min(self.max_backoff_s, self.backoff_s * (2 ** retry))
-            wait = min(self.max_backoff_s, delay) if delay is not None else wait * (0.5 + random.random() / 2)
-            retry += 1
-            time.sleep(max(0.0, wait))
-
-
-def _read_error(e: urllib.error.HTTPError) -> str:
-    try:
-        raw = e.read().decode("utf-8", "replace")
-    except Exception:  # noqa: BLE001
-        raw = ""
-    try:
-        err = json.loads(raw).get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
-    except (ValueError, AttributeError):
-        pass
-    return " ".join(raw.split())[:500] or str(e.reason)
-
-
-def _retry_after(e: urllib.error.HTTPError) -> float | None:
-    value = e.headers.get("Retry-After") if e.headers else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+        return self.client.post(payload, optional=("response_format",))
 
 
 def _read_choice(body: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any]]:

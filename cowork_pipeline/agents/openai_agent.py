@@ -1,0 +1,163 @@
+"""An agent behind any OpenAI-compatible chat-completions endpoint: a hosted model, vLLM or SGLang serving a
+checkpoint, or ``cowork serve``. The benchmark scores it like the students (same runner, tools and graders).
+
+Each step POSTs the conversation so far with the environment's ``tools`` and reads back one assistant message.
+What the endpoint gets wrong is the agent's mistake, recorded in the trajectory, never a crash: a tool call with
+arguments that are not JSON becomes a failed step (the runner's rule for every agent), a model served without a
+tool-call parser that writes ``<tool_call>{...}</tool_call>`` into its text has those calls read by the same
+parser our student's output goes through, and an endpoint that gives no usable answer after its retries ends
+that episode as ``agent_error`` with the reason (other episodes of the batch go on). Conversations of a batch
+are sent concurrently (``concurrency`` requests in flight).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Sequence
+
+from cowork_pipeline.agents.base import Message, ToolSchema
+from cowork_pipeline.agents.chat_format import TOOL_CALL_OPEN, parse_assistant_output
+from cowork_pipeline.chat_client import ChatClient, TransportError
+
+# What an OpenAI-compatible server accepts per message role (our trajectories carry bookkeeping beside it:
+# a tool message's name, an unparseable output's parse_error).
+_KEYS = {"system": ("content",), "developer": ("content",), "user": ("content",), "assistant": ("content", "tool_calls"),
+         "tool": ("content", "tool_call_id")}
+
+
+class EndpointError(RuntimeError):
+    """The endpoint answered, but with no assistant message in it."""
+
+
+def request_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """``messages`` as the chat-completions API takes them: the keys its schema knows, tool-call arguments as
+    JSON strings, an assistant message with neither text nor calls given empty text."""
+    out = []
+    for m in messages:
+        role = m.get("role")
+        msg: dict[str, Any] = {"role": role}
+        for k in _KEYS.get(str(role), ("content",)):
+            if m.get(k) is not None:
+                msg[k] = m[k]
+        if role == "assistant":
+            if msg.get("tool_calls"):
+                msg["tool_calls"] = [_call(c, i) for i, c in enumerate(msg["tool_calls"]) if isinstance(c, dict)]
+            elif msg.get("content") is None:
+                msg["content"] = ""
+        elif msg.get("content") is None:
+            msg["content"] = ""
+        elif not isinstance(msg["content"], (str, list)):
+            msg["content"] = json.dumps(msg["content"], ensure_ascii=False)
+        out.append(msg)
+    return out
+
+
+def _call(c: dict[str, Any], i: int) -> dict[str, Any]:
+    fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+    args = fn.get("arguments", "{}")
+    return {"id": str(c.get("id") or f"call_{i}"), "type": "function",
+            "function": {"name": fn.get("name") or "", "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+
+
+def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_calls: bool = True) -> Message:
+    """The assistant message of a chat-completions response, in the runner's shape. Raises EndpointError when
+    there is none."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise EndpointError(f"no choices in the response: {json.dumps(body)[:300]}")
+    msg = choices[0].get("message")
+    if not isinstance(msg, dict):
+        raise EndpointError(f"choice 0 has no message: {json.dumps(choices[0])[:300]}")
+    content = msg.get("content")
+    if isinstance(content, list):  # content parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    elif content is not None and not isinstance(content, str):
+        content = json.dumps(content)
+    calls = msg.get("tool_calls")
+    if not calls and isinstance(msg.get("function_call"), dict):  # the deprecated single-call field
+        calls = [{"id": f"call_{id_offset}", "type": "function", "function": msg["function_call"]}]
+    if calls:
+        if not isinstance(calls, list):
+            return {"role": "assistant", "content": content, "parse_error": f"tool_calls is a {type(calls).__name__}, not a list"}
+        # ids the endpoint left out are made unique within the conversation, as our students' are
+        return {"role": "assistant", "content": content or None,
+                "tool_calls": [_call({**c, "id": (c.get("id") if isinstance(c, dict) else None) or f"call_{id_offset + i}"}, i)
+                               if isinstance(c, dict) else c for i, c in enumerate(calls)]}
+    if text_tool_calls and content and TOOL_CALL_OPEN in content:
+        parsed = parse_assistant_output(content, truncated=choices[0].get("finish_reason") == "length", id_offset=id_offset)
+        return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}
+    return {"role": "assistant", "content": content or ""}
+
+
+class OpenAIAgent:
+    """``act``/``act_batch`` over ``{base_url}/chat/completions`` (see the module docstring)."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, name: str | None = None,
+                 temperature: float = 0.0, top_p: float | None = None, max_tokens: int | None = None, seed: int | None = 0,
+                 timeout_s: float = 120, max_retries: int = 2, backoff_s: float = 1.0, concurrency: int = 8,
+                 cache_dir: str | Path | None = None, text_tool_calls: bool = True, extra_body: dict[str, Any] | None = None):
+        if int(concurrency) < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if not model:
+            raise ValueError("model is required (the name the endpoint serves, as /v1/models lists it)")
+        self.client = ChatClient(base_url, api_key, timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                                 cache_dir=cache_dir)
+        self.model = model
+        self.name = name or f"endpoint:{model}"
+        self.temperature, self.top_p, self.max_tokens, self.seed = temperature, top_p, max_tokens, seed
+        self.concurrency = int(concurrency)
+        self.text_tool_calls = text_tool_calls
+        self.extra_body = dict(extra_body or {})
+        self._lock = threading.Lock()
+        self.usage = {"requests": 0, "http_attempts": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    def payload(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": request_messages(messages), "temperature": self.temperature}
+        if tools:
+            body["tools"] = list(tools)
+            body["tool_choice"] = "auto"
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.max_tokens:
+            body["max_tokens"] = self.max_tokens
+        if self.seed is not None:
+            body["seed"] = self.seed
+        return {**body, **self.extra_body}
+
+    def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> Message:
+        try:
+            body, attempts = self.client.post(self.payload(messages, tools), optional=("seed", "tool_choice"))
+        except TransportError as e:
+            with self._lock:
+                self.usage["requests"] += 1
+                self.usage["http_attempts"] += e.attempts
+            raise
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        with self._lock:
+            self.usage["requests"] += 1
+            self.usage["http_attempts"] += attempts
+            self.usage["cached"] += int(attempts == 0)
+            if attempts:  # a cached answer was paid for by an earlier run
+                self.usage["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+                self.usage["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+        earlier = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+        return response_message(body, id_offset=earlier, text_tool_calls=self.text_tool_calls)
+
+    def act_batch(self, conversations: Sequence[tuple[Sequence[Message], Sequence[ToolSchema]]]) -> list[Message | Exception]:
+        """One message per conversation, or the exception its request ended in (the runner ends that episode
+        with it and goes on with the others)."""
+        def one(conv: tuple[Sequence[Message], Sequence[ToolSchema]]) -> Message | Exception:
+            try:
+                return self.act(*conv)
+            except Exception as e:  # noqa: BLE001 - one endpoint failure is one episode's, not the batch's
+                return e
+
+        if len(conversations) <= 1 or self.concurrency == 1:
+            return [one(c) for c in conversations]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
+            return list(pool.map(one, conversations))
+
+
+__all__ = ["EndpointError", "OpenAIAgent", "request_messages", "response_message"]

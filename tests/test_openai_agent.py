@@ -1,0 +1,218 @@
+"""An agent behind an OpenAI-compatible endpoint, against real HTTP servers on 127.0.0.1: our own server serving
+the reference solution (the contract: scored exactly like the program it serves), and a scripted server that
+answers with what real endpoints get wrong (errors, arguments that are not JSON, calls written into the text,
+bodies with no message)."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from _servers import running
+from cowork_pipeline.agents.openai_agent import OpenAIAgent, request_messages
+from cowork_pipeline.agents.program import ProgramAgent
+from cowork_pipeline.capabilities import load_catalog
+from cowork_pipeline.evaluation import evaluate
+from cowork_pipeline.runner import run_episode, run_episodes
+from cowork_pipeline.serving.server import make_app
+from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+
+CATALOG = load_catalog()
+
+
+def _env(cap: str, seed: int = 5):
+    return EmbeddedBackend().draft(CATALOG[cap], seed).spec
+
+
+@pytest.mark.parametrize("cap", ["invoice_reconcile", "ticket_triage_followup", "overdue_invoices_question"])
+def test_an_endpoint_serving_the_reference_is_scored_like_the_reference(sb, cap):
+    """Single-turn, multi-turn (a world event between turns) and a question: the reference served by `cowork serve`'s
+    app and driven over HTTP passes every trial, with the same calls, faults and scores as the program run directly."""
+    env = _env(cap)
+    with running(make_app(ProgramAgent(env.reference), model_name="reference")) as base:
+        agent = OpenAIAgent(base + "/v1", "reference", concurrency=4)
+        remote = evaluate(agent, [(env, "heldout_env")], sb, trials=2, fault_rate=0.3, checkpoint_id="endpoint")
+    direct = evaluate(ProgramAgent(env.reference), [(env, "heldout_env")], sb, trials=2, fault_rate=0.3)
+    assert remote["passed"].all() and remote["agent"].unique().to_list() == ["endpoint:reference"]
+    cols = ["trial", "passed", "score", "n_tool_calls", "faults_injected", "faults_recovered", "failed_items"]
+    assert remote.select(cols).equals(direct.select(cols))
+    assert agent.usage["requests"] == agent.usage["http_attempts"] > 0
+
+
+# ---- the scripted endpoint ------------------------------------------------------------------------------
+def _body(message: dict[str, Any], finish: str = "stop") -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+class Scripted:
+    """Answers each request with ``respond(body, n)`` -> (status, JSON-able body); n counts requests so far."""
+
+    def __init__(self, respond: Callable[[dict[str, Any], int], tuple[int, Any]]):
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        script = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                with script.lock:
+                    script.requests.append({"body": body, "auth": self.headers.get("Authorization")})
+                    n = len(script.requests)
+                status, out = respond(body, n)
+                raw = out if isinstance(out, bytes) else json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def agent(self, **kw: Any) -> OpenAIAgent:
+        return OpenAIAgent(self.url, "m", backoff_s=0.01, timeout_s=5, **kw)
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., Scripted]]:
+    made: list[Scripted] = []
+
+    def make(respond: Callable[[dict[str, Any], int], tuple[int, Any]]) -> Scripted:
+        made.append(Scripted(respond))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.server.shutdown()
+        s.server.server_close()
+
+
+def _first_call(env) -> tuple[str, dict[str, Any]]:
+    step = env.reference[0].steps[0]
+    return step.tool, step.args
+
+
+def test_requests_carry_the_conversation_and_tools_in_the_api_shape(scripted):
+    """The request: model, sampling, seed, the environment's tools, the key as a bearer token, and the messages
+    with only the keys the API knows (a tool message's name and an unparseable output's parse_error stay ours)."""
+    env = _env("invoice_reconcile")
+    tool, args = _first_call(env)
+
+    def respond(body, n):
+        if n == 1:
+            return 200, _body({"content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                                 "function": {"name": tool, "arguments": json.dumps(args)}}]})
+        return 200, _body({"content": "Done."})
+
+    s = scripted(respond)
+    traj = run_episode(env, s.agent(api_key="sk-test", temperature=0.2, max_tokens=64, seed=7))
+    assert traj.termination == "completed" and [st["tool"] for st in traj.steps] == [tool] and traj.steps[0]["ok"]
+    first, second = (r["body"] for r in s.requests)
+    assert (first["model"], first["temperature"], first["max_tokens"], first["seed"], first["tool_choice"]) == ("m", 0.2, 64, 7, "auto")
+    assert {t["function"]["name"] for t in first["tools"]} == set(env.tools) and s.requests[0]["auth"] == "Bearer sk-test"
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+    assert set(second["messages"][3]) == {"role", "content", "tool_call_id"} and second["messages"][3]["tool_call_id"] == "c1"
+    assert second["messages"][2]["tool_calls"][0]["function"] == {"name": tool, "arguments": json.dumps(args)}
+    cleaned = request_messages([{"role": "assistant", "content": "<tool_call>{oops", "parse_error": "invalid JSON"},
+                                {"role": "assistant", "content": None}])
+    assert cleaned == [{"role": "assistant", "content": "<tool_call>{oops"}, {"role": "assistant", "content": ""}]
+
+
+def test_transient_errors_are_retried_and_a_refusal_ends_only_its_own_episode(scripted):
+    """A 503 is retried (the step succeeds); a 401 is not: that episode ends as agent_error with the server's
+    message, and the other episode of the same batch goes on to complete."""
+    ok_env, bad_env = _env("invoice_reconcile"), _env("share_doc_internal")
+
+    def respond(body, n):
+        task = body["messages"][1]["content"]
+        if task == bad_env.turns[0].user:
+            return 401, {"error": {"message": "invalid api key for this model", "type": "auth_error"}}
+        if n == 1:
+            return 503, {"error": {"message": "overloaded"}}
+        return 200, _body({"content": "Nothing to do."})
+
+    s = scripted(respond)
+    agent = s.agent(concurrency=1)  # in order: the first request is the 503
+    good, bad = run_episodes([(ok_env, None), (bad_env, None)], agent)
+    assert good.termination == "completed" and good.replies == ["Nothing to do."]
+    assert bad.termination == "agent_error" and "401" in bad.termination_detail and "invalid api key" in bad.termination_detail
+    assert agent.usage["requests"] == 2 and agent.usage["http_attempts"] >= 3  # 503 + retry, and the 401 once
+
+
+def test_what_a_model_gets_wrong_is_a_failed_step_not_a_crash(scripted):
+    """Arguments that are not JSON: a failed step the model sees as a tool error; calls written into the text
+    (a model served without a tool-call parser): read and run; a body with no message: agent_error."""
+    env = _env("invoice_reconcile")
+    tool, args = _first_call(env)
+    text_call = "Looking it up.\n<tool_call>\n" + json.dumps({"name": tool, "arguments": args}) + "\n</tool_call>"
+
+    def respond(body, n):
+        if n == 1:
+            return 200, _body({"content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": tool, "arguments": "{query: oops"}}]})
+        if n == 2:
+            return 200, _body({"content": text_call})
+        if n == 3:
+            return 200, _body({"content": "Done."})
+        return 200, {"id": "x", "choices": []}
+
+    s = scripted(respond)
+    traj = run_episode(env, s.agent())
+    assert [(st["tool"], st["ok"]) for st in traj.steps] == [(tool, False), (tool, True)]
+    assert "not valid JSON" in traj.steps[0]["error"]["message"]
+    tool_msgs = [m for m in json.loads(json.dumps(traj.messages)) if m["role"] == "tool"]
+    assert "invalid_arguments" in tool_msgs[0]["content"]  # the model is told, and may try again
+    assert traj.steps[1]["call_id"] == "call_1"  # an id unique in the conversation (the first call was c1 = call 0)
+    assert traj.termination == "completed" and traj.replies == ["Done."]
+    empty = run_episode(env, s.agent())
+    assert empty.termination == "agent_error" and "no choices" in empty.termination_detail
+
+
+def test_a_response_cache_replays_an_evaluation_without_requests(scripted, tmp_path, sb):
+    """With cache_dir, the same requests are answered from disk: a re-run scores the same and costs nothing."""
+    env = _env("invoice_reconcile")
+    s = scripted(lambda body, n: (200, _body({"content": "Done."})))
+    first = evaluate(s.agent(cache_dir=tmp_path), [(env, "heldout_env")], sb, trials=1, fault_rate=0.0)
+    sent = len(s.requests)
+    again_agent = s.agent(cache_dir=tmp_path)
+    again = evaluate(again_agent, [(env, "heldout_env")], sb, trials=1, fault_rate=0.0)
+    assert len(s.requests) == sent and again_agent.usage["cached"] == again_agent.usage["requests"] == sent
+    assert again.drop("messages_json").equals(first.drop("messages_json")) and not again["passed"].any()
+
+
+def test_bad_settings_fail_at_construction():
+    with pytest.raises(ValueError, match="http"):
+        OpenAIAgent("ftp://example/v1", "m")
+    with pytest.raises(ValueError, match="model"):
+        OpenAIAgent("http://127.0.0.1:9/v1", "")
+    with pytest.raises(ValueError, match="concurrency"):
+        OpenAIAgent("http://127.0.0.1:9/v1", "m", concurrency=0)
+
+
+def test_cowork_ui_hands_its_endpoints_to_the_code_location(tmp_path, capsys):
+    """`cowork ui --endpoint URL --endpoint-model NAME`: the code location (another process) builds the benchmark's
+    agents from the same settings; flags that do not pair up are refused before anything starts."""
+    from assets.cli import parse_args, ui_environment
+    from resources import AgentsResource
+
+    args = parse_args(["--home", str(tmp_path), "ui", "--endpoint", "http://127.0.0.1:9/v1", "--endpoint-model", "qwen3-8b",
+                       "--endpoint", "http://127.0.0.1:10/v1", "--endpoint-model", "Qwen/Qwen3-32B", "--endpoint-name", "small"])
+    agents = AgentsResource.from_env(ui_environment(args))
+    built = agents.build()
+    assert [(ck, a.name, a.model, a.client.base_url) for ck, a in built] == [
+        ("endpoint-small", "endpoint:small", "qwen3-8b", "http://127.0.0.1:9/v1"),
+        ("endpoint-Qwen-Qwen3-32B", "endpoint:Qwen-Qwen3-32B", "Qwen/Qwen3-32B", "http://127.0.0.1:10/v1")]
+    assert AgentsResource.from_env({}).endpoints == []  # none configured: the benchmark scores the students and the teacher
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["ui", "--endpoint", "http://127.0.0.1:9/v1"])
+    assert exc.value.code == 2 and "--endpoint-model" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="COWORK_EVAL_ENDPOINTS"):
+        AgentsResource.from_env({"COWORK_EVAL_ENDPOINTS": "[{\"model\": \"m\"}]"})
