@@ -28,12 +28,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["catalog_dir"] = str(Path(args.catalog).absolute())
     try:
         generator = _generator(args)
+        agents = _agents(args)
         profile = ProfileResource(**overrides)
         lake = LakeResource(root=args.lake or str(home / "lake"))
         instance = ensure_home(home / "dagster_home")
         t0 = time.perf_counter()
         timings = run_all(profile, lake, instance, capabilities=args.capabilities.split(",") if args.capabilities else None,
-                          generator=generator, until=args.until)
+                          generator=generator, until=args.until, agents=agents)
     except (CapabilityError, ValueError) as e:
         print(f"cowork run: {e}", file=sys.stderr)
         return 2
@@ -82,15 +83,32 @@ def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
                    help="ask the endpoints again even for requests answered before (default: replay answers kept in <home>/agent-cache)")
 
 
+def _add_teacher_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("teacher (default: the embedded one, each environment's reference executed)")
+    g.add_argument("--teacher-endpoint", metavar="BASE_URL",
+                   help="a model behind an OpenAI-compatible endpoint demonstrates the training environments instead; "
+                        "only trajectories the certified checkers pass become demonstrations")
+    g.add_argument("--teacher-model", metavar="NAME", help="the model the teacher endpoint serves")
+    g.add_argument("--teacher-api-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                   help="environment variable holding the teacher endpoint's API key (default OPENAI_API_KEY)")
+    g.add_argument("--teacher-concurrency", type=int, default=8, metavar="N", help="teacher requests in flight (default 8)")
+
+
 def _agents(args: argparse.Namespace) -> Any:
     """The AgentsResource the endpoint flags describe; a bad URL or option raises ValueError here."""
     from resources import AgentsResource, EndpointConfig
 
-    names = args.endpoint_name + [""] * (len(args.endpoint) - len(args.endpoint_name))
+    endpoints = getattr(args, "endpoint", [])
+    names = getattr(args, "endpoint_name", []) + [""] * (len(endpoints) - len(getattr(args, "endpoint_name", [])))
+    teacher = None
+    if getattr(args, "teacher_endpoint", None):
+        teacher = EndpointConfig(base_url=args.teacher_endpoint, model=args.teacher_model or "", api_key_env=args.teacher_api_key_env,
+                                 concurrency=args.teacher_concurrency)
     agents = AgentsResource(endpoints=[EndpointConfig(base_url=u, model=m, name=n, api_key_env=args.endpoint_api_key_env,
                                                       concurrency=args.endpoint_concurrency, max_tokens=args.endpoint_max_tokens)
-                                       for u, m, n in zip(args.endpoint, args.endpoint_model, names)],
-                            response_cache=not args.no_agent_cache)
+                                       for u, m, n in zip(endpoints, args.endpoint_model, names)],
+                            teacher=teacher, response_cache=not getattr(args, "no_agent_cache", False))
+    agents.build_teacher()
     agents.build()
     return agents
 
@@ -118,13 +136,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if getattr(args, "cmd", None) in ("ui", "eval"):
+    if getattr(args, "cmd", None) in ("run", "ui", "eval"):
         if len(args.endpoint) != len(args.endpoint_model) or len(args.endpoint_name) > len(args.endpoint):
             p.error("give one --endpoint-model per --endpoint (and at most one --endpoint-name each)")
         if args.cmd == "eval" and not args.endpoint:
             p.error("cowork eval needs at least one --endpoint and its --endpoint-model")
         if args.endpoint_concurrency < 1:
             p.error(f"--endpoint-concurrency must be at least 1, got {args.endpoint_concurrency}")
+    if getattr(args, "cmd", None) in ("run", "ui"):
+        if bool(args.teacher_endpoint) != bool(args.teacher_model):
+            p.error("--teacher-endpoint and --teacher-model go together")
+        if args.teacher_concurrency < 1:
+            p.error(f"--teacher-concurrency must be at least 1, got {args.teacher_concurrency}")
     if getattr(args, "cmd", None) not in ("run", "ui"):
         return
     if args.generator == "llm" and not (args.base_url and args.model):
@@ -192,11 +215,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--until", choices=RUN_ORDER, metavar="ASSET",
                    help="stop after this asset, e.g. validated_environments to synthesize only (default: through benchmark_scores)")
     _add_generator_args(r)
+    _add_endpoint_args(r)
+    _add_teacher_args(r)
     r.set_defaults(fn=cmd_run)
     u = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1 (its runs, sensors and schedule use the generator given here)")
     u.add_argument("--port", type=int, default=3000)
     _add_generator_args(u)
     _add_endpoint_args(u)
+    _add_teacher_args(u)
     u.set_defaults(fn=cmd_ui)
     e = sub.add_parser("eval", help="benchmark models behind OpenAI-compatible endpoints beside the students, on the lake's "
                                     "held-out environments (after `cowork run`)")

@@ -12,7 +12,7 @@ from cowork_pipeline.demonstrations import collect_teacher_trajectories, contami
 from cowork_pipeline.lake import Lake
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.spec import EnvironmentSpec
-from resources import ComputeResource, LakeResource, ProfileResource
+from resources import AgentsResource, ComputeResource, LakeResource, ProfileResource
 
 CHECKPOINT_SCHEMA = {"checkpoint_id": pl.String, "kind": pl.String, "path": pl.String, "base_checkpoint_id": pl.String,
                      "base_model": pl.String, "config_json": pl.String, "data_versions_json": pl.String, "metrics_json": pl.String,
@@ -49,20 +49,26 @@ def register_checkpoints(context, lk: Lake, rows: list[dict], upstream: dict[str
                                 Expect("ExpectColumnValuesToNotBeNull", {"column": "path"})])
 
 
-@dg.asset(group_name="demonstrations", code_version="1", deps=["environment_splits"],
+@dg.asset(group_name="demonstrations", code_version=f"1+{AgentsResource.from_env().teacher_version()}", deps=["environment_splits"],
           check_specs=[check_spec("teacher_trajectories", "unique trajectory ids")],
           automation_condition=GATED)
-def teacher_trajectories(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
-    """The embedded teacher solves every training environment (with injected faults); each run graded by its checkers."""
+def teacher_trajectories(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource, agents: AgentsResource):
+    """The teacher solves every training environment (with injected faults); each run graded by its checkers. The
+    embedded teacher executes each environment's reference; ``agents.teacher`` puts a model behind an endpoint there."""
     from cowork_pipeline.validation.sandbox import Sandbox
 
     lk = lake.lake()
     envs, upstream = envs_by_split(lk, ("train",), profile.demos_per_capability or None)
+    teacher = agents.build_teacher()
     with Sandbox(workers=profile.sandbox_workers) as sb:
-        df = collect_teacher_trajectories(envs, sb, fault_rate=profile.teacher_fault_rate, seed=profile.seed)
-    mat, check = write_checked(context, lk, "teacher_trajectories", df, lin=lineage(context, "teacher_trajectories", "1", upstream),
+        df = collect_teacher_trajectories(envs, sb, fault_rate=profile.teacher_fault_rate, seed=profile.seed, teacher=teacher)
+    mat, check = write_checked(context, lk, "teacher_trajectories", df,
+                               lin=lineage(context, "teacher_trajectories", f"1+{agents.teacher_version()}", upstream),
                                suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "traj_id"})])
-    mat.metadata.update({"pass_rate": round(float(df["passed"].mean() or 0), 4), "faults_injected": int(df["faults_injected"].sum())})
+    mat.metadata.update({"pass_rate": round(float(df["passed"].mean() or 0), 4), "faults_injected": int(df["faults_injected"].sum()),
+                         "teacher": agents.teacher_version()})
+    if teacher is not None:
+        mat.metadata["teacher_usage"] = dict(teacher.usage)
     yield mat
     yield check
 

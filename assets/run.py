@@ -44,7 +44,7 @@ def _asset_keys(names: list[str]) -> list[dg.AssetKey]:
 
 def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterInstance,
             log: Callable[[str], None] = print, capabilities: list[str] | None = None,
-            generator: GeneratorResource | None = None, until: str | None = None) -> dict:
+            generator: GeneratorResource | None = None, until: str | None = None, agents: AgentsResource | None = None) -> dict:
     """capability_specs -> every capability partition -> everything downstream (through ``until``, an asset
     of ``RUN_ORDER``; default: all). Returns per-step timings."""
     if until is not None and until not in RUN_ORDER:
@@ -64,7 +64,7 @@ def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterIn
     refused = [why for c in caps if check is not None and (why := check(catalog[c]))]
     if refused:
         raise CapabilityError("the generator cannot draft these capabilities:\n  " + "\n  ".join(refused))
-    step = _Stepper(profile, instance, resources(profile, lake, generator), log)
+    step = _Stepper(profile, instance, resources(profile, lake, generator, agents), log)
     timings = step.timings
     log(f"cowork run: profile '{profile.name}', lake {lake.root}" + (f", until {until}" if until else ""))
     step("capability_specs", ["capability_specs"])

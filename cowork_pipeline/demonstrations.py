@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import polars as pl
 
 from cowork_pipeline.agents.program import ProgramAgent
-from cowork_pipeline.runner import Limits, run_episode
+from cowork_pipeline.runner import Limits, run_episode, run_episodes
 from cowork_pipeline.services import FaultConfig, tools_for
 from cowork_pipeline.spec import EnvironmentSpec, canonical_json
 from cowork_pipeline.synthesis.embedded import sub_seed
@@ -40,12 +40,14 @@ class EmbeddedTeacher(ProgramAgent):
 
 def collect_teacher_trajectories(envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: Any, *, fault_rate: float = 0.1,
                                  seed: int = 0, teacher: Any | None = None, limits: Limits = Limits()) -> pl.DataFrame:
-    """One teacher episode per environment (with injected faults), graded by the environment's own checkers."""
-    trajs = []
-    for env, _split in envs:
-        agent = teacher or EmbeddedTeacher(env)
-        faults = FaultConfig(rate=fault_rate, seed=sub_seed("teacher", seed, env.env_id)) if fault_rate > 0 else None
-        trajs.append(run_episode(env, agent, faults=faults, limits=limits))
+    """One teacher episode per environment (with injected faults), graded by the environment's own checkers.
+    ``teacher``: one agent for every environment (a model behind an endpoint; its episodes run as one batch, so
+    its requests go out concurrently); None: each environment's embedded teacher (its reference, executed)."""
+    faults = [FaultConfig(rate=fault_rate, seed=sub_seed("teacher", seed, env.env_id)) if fault_rate > 0 else None for env, _s in envs]
+    if teacher is not None:
+        trajs = run_episodes([(env, f) for (env, _s), f in zip(envs, faults)], teacher, limits=limits)
+    else:
+        trajs = [run_episode(env, EmbeddedTeacher(env), faults=f, limits=limits) for (env, _s), f in zip(envs, faults)]
     grades = grade_many(sandbox, [(env, t, None) for (env, _s), t in zip(envs, trajs)])
     rows = []
     for (env, split), t, g in zip(envs, trajs, grades):

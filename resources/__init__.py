@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Optional
 
 import dagster as dg
 from pydantic import Field
@@ -133,44 +133,61 @@ class EndpointConfig(dg.Config):
         return re.sub(r"[^A-Za-z0-9._-]+", "-", self.name or self.model).strip("-") or "model"
 
 
-_ENDPOINTS_ENV = "COWORK_EVAL_ENDPOINTS"  # how `cowork ui` hands its --endpoint flags to the code location (JSON)
+_AGENTS_ENV = "COWORK_AGENTS"  # how `cowork ui` hands its endpoint and teacher flags to the code location (JSON)
 
 
 class AgentsResource(dg.ConfigurableResource):
-    """Agents the benchmark scores besides the students and the teacher: models behind OpenAI-compatible endpoints."""
+    """Models behind OpenAI-compatible endpoints: ``endpoints`` the benchmark scores beside the students, and an
+    optional ``teacher`` that demonstrates the training environments instead of the embedded one (its trajectories
+    are graded by the certified checkers; only passing ones become demonstrations)."""
 
     endpoints: list[EndpointConfig] = Field(default_factory=list)
+    teacher: Optional[EndpointConfig] = None
     response_cache: bool = True  # answers kept by request under cache_dir: a re-run replays them instead of paying again
     cache_dir: str = ""  # empty: <COWORK_HOME>/agent-cache
 
     def build(self) -> list[tuple[str, Any]]:
         """(checkpoint id, agent) per endpoint; a bad URL or setting raises ValueError."""
-        from cowork_pipeline.agents.openai_agent import OpenAIAgent
-
         labels = [e.label() for e in self.endpoints]
         if len(set(labels)) != len(labels):
             raise ValueError(f"two endpoints share a label ({', '.join(labels)}): give them distinct names")
+        return [(f"endpoint-{label}", self._agent(e, label)) for e, label in zip(self.endpoints, labels)]
+
+    def build_teacher(self) -> Any | None:
+        """The endpoint teacher's agent (None: the embedded teacher); a bad URL or setting raises ValueError."""
+        return self._agent(self.teacher, self.teacher.label()) if self.teacher is not None else None
+
+    def teacher_version(self) -> str:
+        """The teacher in a code version: another teacher demonstrates other trajectories."""
+        return f"endpoint:{self.teacher.model}@{self.teacher.base_url}" if self.teacher is not None else "embedded"
+
+    def _agent(self, e: EndpointConfig, label: str) -> Any:
+        from cowork_pipeline.agents.openai_agent import OpenAIAgent
+
         cache = (self.cache_dir or os.path.join(os.environ.get("COWORK_HOME", ".cowork"), "agent-cache")) if self.response_cache else None
-        out = []
-        for e, label in zip(self.endpoints, labels):
-            key = os.environ.get(e.api_key_env, "") if e.api_key_env else ""
-            out.append((f"endpoint-{label}", OpenAIAgent(e.base_url, e.model, api_key=key or None, name=f"endpoint:{label}",
-                                                          temperature=e.temperature, max_tokens=e.max_tokens or None,
-                                                          concurrency=e.concurrency, timeout_s=e.timeout_s, max_retries=e.max_retries,
-                                                          cache_dir=cache)))
-        return out
+        key = os.environ.get(e.api_key_env, "") if e.api_key_env else ""
+        return OpenAIAgent(e.base_url, e.model, api_key=key or None, name=f"endpoint:{label}", temperature=e.temperature,
+                           max_tokens=e.max_tokens or None, concurrency=e.concurrency, timeout_s=e.timeout_s,
+                           max_retries=e.max_retries, cache_dir=cache)
 
     def to_env(self) -> dict[str, str]:
-        return {_ENDPOINTS_ENV: json.dumps([e.model_dump() for e in self.endpoints])} if self.endpoints else {}
+        if not self.endpoints and self.teacher is None:
+            return {}
+        return {_AGENTS_ENV: json.dumps({"endpoints": [e.model_dump() for e in self.endpoints],
+                                         "teacher": self.teacher.model_dump() if self.teacher is not None else None,
+                                         "response_cache": self.response_cache})}
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "AgentsResource":
         env = os.environ if environ is None else environ
-        raw = env.get(_ENDPOINTS_ENV, "")
+        raw = env.get(_AGENTS_ENV, "")
         try:
-            return cls(endpoints=[EndpointConfig(**e) for e in json.loads(raw)] if raw else [])
+            given = json.loads(raw) if raw else {}
+            return cls(endpoints=[EndpointConfig(**e) for e in given.get("endpoints") or []],
+                       teacher=EndpointConfig(**given["teacher"]) if given.get("teacher") else None,
+                       response_cache=bool(given.get("response_cache", True)))
         except Exception as e:  # noqa: BLE001 - pydantic's or json's message, with the variable it came from
-            raise ValueError(f"invalid endpoints in {_ENDPOINTS_ENV}: {e}") from None
+            raise ValueError(f"invalid agents in {_AGENTS_ENV}: {e}") from None
 
 
 class ProfileResource(dg.ConfigurableResource):

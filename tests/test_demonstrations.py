@@ -61,3 +61,38 @@ def test_curation_drops_failing_contaminated_duplicate_and_long_trajectories(tra
     assert not audit["heldout_env"].any() and not audit["heldout_capability"].any()
     recs = sft_records(demos)
     assert recs and {"messages", "tools"} <= set(recs[0])
+
+
+def test_a_model_behind_an_endpoint_teaches_and_only_its_passing_trajectories_become_demonstrations(trajectories):
+    """The teacher may be a model behind an OpenAI-compatible endpoint (`cowork run --teacher-endpoint`): its
+    episodes run through the same runner with the same faults and are graded by the same checkers, and curation
+    keeps the ones that pass. Here the endpoint answers one environment with its reference (a right trajectory,
+    the same calls as the embedded teacher's) and another one wrongly (it stops before doing anything)."""
+    from _servers import running
+    from cowork_pipeline.agents.base import assistant_message
+    from cowork_pipeline.agents.openai_agent import OpenAIAgent
+    from cowork_pipeline.agents.program import ProgramAgent
+    from cowork_pipeline.serving.server import make_app
+
+    embedded, envs = trajectories
+    right, wrong = envs[0][0], envs[1][0]
+
+    class Model:
+        name = "model"
+
+        def act(self, messages, tools):
+            if messages[1]["content"] == right.turns[0].user:
+                return ProgramAgent(right.reference).act(messages, tools)
+            return assistant_message("Sorry, I cannot help with that.")
+
+    with Sandbox(workers=1) as sb, running(make_app(Model(), model_name="big-model")) as base:
+        teacher = OpenAIAgent(base + "/v1", "big-model", name="endpoint:big-model", concurrency=2)
+        df = collect_teacher_trajectories([envs[0], envs[1]], sb, fault_rate=0.3, seed=0, teacher=teacher)
+    assert df["teacher"].to_list() == ["endpoint:big-model"] * 2 and df["passed"].to_list() == [True, False]
+    same = embedded.filter(pl.col("env_id") == right.env_id).row(0, named=True)
+    mine = df.row(0, named=True)
+    # the same faults met, the same calls made as the embedded teacher (ids and texts may differ)
+    calls = lambda r: [c["function"]["name"] for m in json.loads(r["messages_json"]) for c in m.get("tool_calls") or []]  # noqa: E731
+    assert (mine["faults_injected"], calls(mine)) == (same["faults_injected"], calls(same))
+    demos, dropped = curate(df, _splits(df, {}))
+    assert demos["env_id"].to_list() == [right.env_id] and dropped["failed"] == 1

@@ -198,8 +198,9 @@ def test_bad_settings_fail_at_construction():
 
 
 def test_cowork_ui_hands_its_endpoints_to_the_code_location(tmp_path, capsys):
-    """`cowork ui --endpoint URL --endpoint-model NAME`: the code location (another process) builds the benchmark's
-    agents from the same settings; flags that do not pair up are refused before anything starts."""
+    """`cowork ui --endpoint URL --endpoint-model NAME [--teacher-endpoint URL --teacher-model NAME]`: the code
+    location (another process) builds the benchmark's agents and the teacher from the same settings; flags that do
+    not pair up are refused before anything starts."""
     from assets.cli import parse_args, ui_environment
     from resources import AgentsResource
 
@@ -210,9 +211,16 @@ def test_cowork_ui_hands_its_endpoints_to_the_code_location(tmp_path, capsys):
     assert [(ck, a.name, a.model, a.client.base_url) for ck, a in built] == [
         ("endpoint-small", "endpoint:small", "qwen3-8b", "http://127.0.0.1:9/v1"),
         ("endpoint-Qwen-Qwen3-32B", "endpoint:Qwen-Qwen3-32B", "Qwen/Qwen3-32B", "http://127.0.0.1:10/v1")]
+    assert agents.teacher is None and agents.teacher_version() == "embedded"
+    teach = AgentsResource.from_env(ui_environment(parse_args(["--home", str(tmp_path), "ui", "--teacher-endpoint", "http://127.0.0.1:9/v1",
+                                                                "--teacher-model", "big"])))
+    assert teach.build_teacher().name == "endpoint:big" and teach.teacher_version() == "endpoint:big@http://127.0.0.1:9/v1"
     assert AgentsResource.from_env({}).endpoints == []  # none configured: the benchmark scores the students and the teacher
     with pytest.raises(SystemExit) as exc:
         parse_args(["ui", "--endpoint", "http://127.0.0.1:9/v1"])
     assert exc.value.code == 2 and "--endpoint-model" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="COWORK_EVAL_ENDPOINTS"):
-        AgentsResource.from_env({"COWORK_EVAL_ENDPOINTS": "[{\"model\": \"m\"}]"})
+    with pytest.raises(SystemExit):
+        parse_args(["run", "--teacher-endpoint", "http://127.0.0.1:9/v1"])
+    assert "--teacher-model" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="COWORK_AGENTS"):
+        AgentsResource.from_env({"COWORK_AGENTS": "{\"endpoints\": [{\"model\": \"m\"}]}"})

@@ -232,3 +232,34 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
     # a bad invocation says what is wrong and runs nothing
     assert main(["--home", str(home), "eval", "--lake", lake.root, "--endpoint", "ftp://x", "--endpoint-model", "m"]) == 2
     assert "http(s) URL" in capsys.readouterr().err
+
+
+def test_an_endpoint_teacher_demonstrates_the_training_environments(smoke_run):
+    """The `agents` resource's teacher (`cowork run --teacher-endpoint URL --teacher-model NAME`) replaces the
+    embedded one in teacher_trajectories; the code version names it, and demonstrations keep what passes."""
+    from _servers import running
+    from assets.models import envs_by_split
+    from cowork_pipeline.agents.program import ProgramAgent
+    from cowork_pipeline.serving.server import make_app
+    from resources import AgentsResource, EndpointConfig
+
+    lake, instance, _, _ = smoke_run
+    envs, _ = envs_by_split(lake, ("train",), SMOKE_PROFILE["demos_per_capability"])
+    programs = {env.turns[0].user: ProgramAgent(env.reference) for env, _ in envs}
+
+    class Model:
+        name = "model"
+
+        def act(self, messages, tools):
+            return programs[next(m["content"] for m in messages if m["role"] == "user")].act(messages, tools)
+
+    with running(make_app(Model(), model_name="teacher-model")) as base:
+        agents = AgentsResource(teacher=EndpointConfig(base_url=base + "/v1", model="teacher-model"), response_cache=False)
+        res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey("teacher_trajectories"), dg.AssetKey("demonstrations")], instance=instance,
+                             resources=resources(ProfileResource(**SMOKE_PROFILE), LakeResource(root=lake.root), agents=agents))
+    assert res.success
+    trajs, _ = lake.read_promoted("teacher_trajectories")
+    assert set(trajs["teacher"]) == {"endpoint:teacher-model"} and trajs["passed"].all() and trajs.height == len(envs)
+    assert set(trajs["_code_version"]) == {f"1+endpoint:teacher-model@{base}/v1"}
+    demos, _ = lake.read_promoted("demonstrations")
+    assert demos.height == len(envs) and set(demos["split"]) == {"train"}
