@@ -224,3 +224,26 @@ def test_cowork_ui_hands_its_endpoints_to_the_code_location(tmp_path, capsys):
     assert "--teacher-model" in capsys.readouterr().err
     with pytest.raises(ValueError, match="COWORK_AGENTS"):
         AgentsResource.from_env({"COWORK_AGENTS": "{\"endpoints\": [{\"model\": \"m\"}]}"})
+
+
+def test_the_api_shape_of_a_conversation_renders_as_the_conversation_itself():
+    """What the agent sends keeps everything the chat template uses: for every step of teacher episodes (tool calls,
+    results, faults, a second turn after a world event), the request's messages render to the same prompt text."""
+    from cowork_pipeline.agents.chat_format import render_conversation
+    from cowork_pipeline.services import FaultConfig, tools_for
+
+    for cap in ("invoice_reconcile", "ticket_triage_followup"):
+        env = _env(cap)
+        traj = run_episode(env, ProgramAgent(env.reference), faults=FaultConfig(rate=0.3, seed=2))
+        tools = tools_for(env.tools)
+        for i, m in enumerate(traj.messages):
+            if m["role"] == "assistant":
+                assert render_conversation(request_messages(traj.messages[:i]), tools) == render_conversation(traj.messages[:i], tools)
+
+
+def test_a_turn_cut_at_the_token_limit_is_marked_in_the_transcript():
+    from cowork_pipeline.agents.openai_agent import response_message
+
+    cut = response_message(_body({"content": "I will now upd"}, finish="length"))
+    assert cut["content"] == "I will now upd" and cut["parse_error"].startswith("truncated")
+    assert "parse_error" not in response_message(_body({"content": "Done."}))

@@ -186,3 +186,21 @@ def test_real_student_served(student_checkpoint):
             model=agent.name, messages=[{"role": "user", "content": "Please send the team an update."}],
             tools=[MAIL_SEND], max_tokens=2)
         assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
+
+
+
+def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(student_checkpoint):
+    """`cowork serve` + `cowork eval`'s agent: the same student, greedy, behind our server and driven by OpenAIAgent
+    answers each step of a conversation (a call, then after its result a reply) as it does in process."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.agents.openai_agent import OpenAIAgent
+
+    local = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64)
+    convo = _demos(1)[0]["messages"]
+    steps = [convo[:2], convo[:4]]  # asked; then the call made and its result back
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        remote = OpenAIAgent(base + "/v1", "student", max_tokens=64)
+        for msgs in steps:
+            want, got = local.act(msgs, [MAIL_SEND]), remote.act(msgs, [MAIL_SEND])
+            assert (got.get("content") or None, got.get("tool_calls")) == (want.get("content") or None, want.get("tool_calls")), msgs[-1]
+    assert want.get("content") and not want.get("tool_calls")  # the second step is the student's reply

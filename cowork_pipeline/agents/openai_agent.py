@@ -85,9 +85,12 @@ def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_call
         return {"role": "assistant", "content": content or None,
                 "tool_calls": [_call({**c, "id": (c.get("id") if isinstance(c, dict) else None) or f"call_{id_offset + i}"}, i)
                                if isinstance(c, dict) else c for i, c in enumerate(calls)]}
+    truncated = choices[0].get("finish_reason") == "length"
     if text_tool_calls and content and TOOL_CALL_OPEN in content:
-        parsed = parse_assistant_output(content, truncated=choices[0].get("finish_reason") == "length", id_offset=id_offset)
+        parsed = parse_assistant_output(content, truncated=truncated, id_offset=id_offset)
         return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}
+    if truncated:  # the turn ended at the token (or context) limit, not where the model ended it: say so in the transcript
+        return {"role": "assistant", "content": content or "", "parse_error": "truncated: the endpoint stopped at its token limit"}
     return {"role": "assistant", "content": content or ""}
 
 
