@@ -42,8 +42,9 @@ def request_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             if m.get(k) is not None:
                 msg[k] = m[k]
         if role == "assistant":
-            if msg.get("tool_calls"):
-                msg["tool_calls"] = [_call(c, i) for i, c in enumerate(msg["tool_calls"]) if isinstance(c, dict)]
+            calls = [_call(c, i) for i, c in enumerate(msg.pop("tool_calls", None) or []) if isinstance(c, dict)]
+            if calls:
+                msg["tool_calls"] = calls
             elif msg.get("content") is None:
                 msg["content"] = ""
         elif msg.get("content") is None:
