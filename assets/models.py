@@ -49,7 +49,7 @@ def register_checkpoints(context, lk: Lake, rows: list[dict], upstream: dict[str
                                 Expect("ExpectColumnValuesToNotBeNull", {"column": "path"})])
 
 
-@dg.asset(group_name="demonstrations", code_version=f"1+{AgentsResource.from_env().teacher_version()}", deps=["environment_splits"],
+@dg.asset(group_name="demonstrations", code_version=AgentsResource.from_env().teacher_code_version(), deps=["environment_splits"],
           check_specs=[check_spec("teacher_trajectories", "unique trajectory ids")],
           automation_condition=GATED)
 def teacher_trajectories(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource, agents: AgentsResource):
@@ -63,7 +63,7 @@ def teacher_trajectories(context: AssetExecutionContext, lake: LakeResource, pro
     with Sandbox(workers=profile.sandbox_workers) as sb:
         df = collect_teacher_trajectories(envs, sb, fault_rate=profile.teacher_fault_rate, seed=profile.seed, teacher=teacher)
     mat, check = write_checked(context, lk, "teacher_trajectories", df,
-                               lin=lineage(context, "teacher_trajectories", f"1+{agents.teacher_version()}", upstream),
+                               lin=lineage(context, "teacher_trajectories", agents.teacher_code_version(), upstream),
                                suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "traj_id"})])
     mat.metadata.update({"pass_rate": round(float(df["passed"].mean() or 0), 4), "faults_injected": int(df["faults_injected"].sum()),
                          "teacher": agents.teacher_version()})

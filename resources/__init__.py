@@ -158,8 +158,13 @@ class AgentsResource(dg.ConfigurableResource):
         return self._agent(self.teacher, self.teacher.label()) if self.teacher is not None else None
 
     def teacher_version(self) -> str:
-        """The teacher in a code version: another teacher demonstrates other trajectories."""
+        """The teacher, as named in a code version: another teacher demonstrates other trajectories."""
         return f"endpoint:{self.teacher.model}@{self.teacher.base_url}" if self.teacher is not None else "embedded"
+
+    def teacher_code_version(self) -> str:
+        """teacher_trajectories' code version: "1" with the embedded teacher (as before endpoint teachers existed,
+        so an upgrade re-demonstrates nothing), "1+<teacher>" with an endpoint."""
+        return "1" if self.teacher is None else f"1+{self.teacher_version()}"
 
     def _agent(self, e: EndpointConfig, label: str) -> Any:
         from cowork_pipeline.agents.openai_agent import OpenAIAgent

@@ -211,10 +211,10 @@ def test_cowork_ui_hands_its_endpoints_to_the_code_location(tmp_path, capsys):
     assert [(ck, a.name, a.model, a.client.base_url) for ck, a in built] == [
         ("endpoint-small", "endpoint:small", "qwen3-8b", "http://127.0.0.1:9/v1"),
         ("endpoint-Qwen-Qwen3-32B", "endpoint:Qwen-Qwen3-32B", "Qwen/Qwen3-32B", "http://127.0.0.1:10/v1")]
-    assert agents.teacher is None and agents.teacher_version() == "embedded"
+    assert agents.teacher is None and (agents.teacher_version(), agents.teacher_code_version()) == ("embedded", "1")
     teach = AgentsResource.from_env(ui_environment(parse_args(["--home", str(tmp_path), "ui", "--teacher-endpoint", "http://127.0.0.1:9/v1",
                                                                 "--teacher-model", "big"])))
-    assert teach.build_teacher().name == "endpoint:big" and teach.teacher_version() == "endpoint:big@http://127.0.0.1:9/v1"
+    assert teach.build_teacher().name == "endpoint:big" and teach.teacher_code_version() == "1+endpoint:big@http://127.0.0.1:9/v1"
     assert AgentsResource.from_env({}).endpoints == []  # none configured: the benchmark scores the students and the teacher
     with pytest.raises(SystemExit) as exc:
         parse_args(["ui", "--endpoint", "http://127.0.0.1:9/v1"])
