@@ -109,7 +109,7 @@ def comparison_table(trials: pl.DataFrame) -> pl.DataFrame:
 
 
 def failure_digest(trials: pl.DataFrame, agent: str, *, top_items: int = 3) -> pl.DataFrame:
-    """Why ``agent`` failed, per capability: failed trials of all, the rubric items failed most often (with counts)
+    """Why ``agent`` failed, per capability (and its held-out split): failed trials of all, the rubric items failed most often (with counts)
     and one example, the failed trial with the highest score (the nearest miss: its transcript shows the one thing
     left to get right), with the calls it made, its last reply and an id ``cowork lineage`` traces."""
     rows: list[dict[str, Any]] = []
@@ -125,14 +125,14 @@ def failure_digest(trials: pl.DataFrame, agent: str, *, top_items: int = 3) -> p
         top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top_items]
         ex = failed.sort(["score", "env_id", "trial"], descending=[True, False, False]).row(0, named=True)
         summary = transcript_summary(ex.get("messages_json"))
-        rows.append({"capability_id": cap, "failed": f"{len(failed)}/{len(group)}",
+        rows.append({"capability_id": cap, "split": ", ".join(sorted(set(group["split"].to_list()))), "failed": f"{len(failed)}/{len(group)}",
                      "most_failed_items": ", ".join(f"{k} ({v})" for k, v in top) or ex.get("termination") or "",
                      "example": score_id(ex["run_id"], ex["checkpoint_id"], ex["env_id"], ex["trial"]) if ex.get("run_id")
                      else f"score:{ex['checkpoint_id']}:{ex['env_id']}:{ex['trial']}",
                      "example_failed_items": ", ".join(ex["failed_items"] or []) or (ex.get("termination") or ""),
                      "example_calls": " > ".join(c or "?" for c in summary.get("calls", [])),
                      "example_last_reply": summary.get("last_reply", "")})
-    return pl.DataFrame(rows, schema={"capability_id": pl.String, "failed": pl.String, "most_failed_items": pl.String,
+    return pl.DataFrame(rows, schema={"capability_id": pl.String, "split": pl.String, "failed": pl.String, "most_failed_items": pl.String,
                                       "example": pl.String, "example_failed_items": pl.String, "example_calls": pl.String,
                                       "example_last_reply": pl.String})
 

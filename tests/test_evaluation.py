@@ -141,7 +141,7 @@ def test_report_says_why_each_trained_agent_failed(env, sandbox):
     digest = failure_digest(trials, "sft:ck1")
     assert digest.height == 1
     row = digest.row(0, named=True)
-    assert row["capability_id"] == env.capability_id and row["failed"] == f"{sft.height}/{sft.height}"
+    assert (row["capability_id"], row["split"], row["failed"]) == (env.capability_id, "heldout_env", f"{sft.height}/{sft.height}")
     counts = {}
     for items in sft["failed_items"].to_list():
         for item in items:
@@ -162,7 +162,7 @@ def test_report_says_why_each_trained_agent_failed(env, sandbox):
     assert "### sft:ck1" in failures and "### teacher:embedded\n\nNo failed trial." in failures
     assert "base:ck0" not in failures  # the untrained student's failures are not reported
     line = next(l for l in failures.splitlines() if l.startswith(f"| {env.capability_id} |"))
-    assert "Done \\| mostly. The last step is left." in line and line.count(" | ") == 6  # one row, seven cells
+    assert "Done \\| mostly. The last step is left." in line and line.count(" | ") == 7  # one row, eight cells
 
 
 def _with_item_code(env, item_id, code):
