@@ -340,6 +340,8 @@ def test_a_weekday_that_contradicts_its_date_fails():
     ("Design critique moves to 2026-03-05T15:00+01:00.", False),  # an offset without seconds
     ("Design critique moves to 2026-03-05 at 15:00 +0100.", False),
     ("Design critique moves to 2026-03-05 at 15:00 local time.", False),  # the reader's clock, whatever it is
+    ("Design critique moves to 2026-03-05 at 3pm your time.", False),
+    ("Design critique moves to 2026-03-05 at 15:00 UTC; your time zone may differ.", True),
     ("Design critique: 2026-03-05, 15:00 UTC + 30 minutes of setup.", True),  # a plus sign that is no offset
     ("Design critique: 2026-03-05, 15:00 +10 min buffer, UTC.", True),
     ("Design critique moved to 15:00 UTC. See you 2026-03-05 at 15:00 CET!", False),  # right once, on another clock once

@@ -201,10 +201,10 @@ def _mentions(text, forms, word="0-9a-z", utc=False):
     return said
 
 def _zoned(after):
-    # a time of day labelled with a zone other than utc: "15:00 cet", "3pm et", "15:00 local time", "15:00:00+01:00",
+    # a time of day labelled with a zone other than utc: "15:00 cet", "3pm et", "15:00 local time", "15:00 your time", "15:00:00+01:00",
     # "15:00+01:00", "15:00 (utc+1)" (an offset without seconds only east of utc: "15:00-16:00" is a range)
     import re
-    zones = "cet|cest|eet|eest|wet|west|bst|ist|jst|kst|hkt|sgt|msk|aest|aedt|acst|awst|nzst|nzdt|est|edt|cst|cdt|mst|mdt|pst|pdt|akst|akdt|hst|et|ct|mt|pt|local"
+    zones = "cet|cest|eet|eest|wet|west|bst|ist|jst|kst|hkt|sgt|msk|aest|aedt|acst|awst|nzst|nzdt|est|edt|cst|cdt|mst|mdt|pst|pdt|akst|akdt|hst|et|ct|mt|pt|local|your time|my time|our time"
     return re.match("(?::[0-9]{2}(?:[.][0-9]+)?[+-]0*[1-9]|[ ]?[+](?:0[1-9]|1[0-4]):?[0-9]{2}(?![0-9])|[ ]*[(]?(?:(?:utc|gmt)[+-]0*[1-9]|(?:" + zones + ")(?![a-z])))", after) is not None
 
 def _stray_ids(text, shape, right):
