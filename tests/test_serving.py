@@ -204,3 +204,36 @@ def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(stud
             want, got = local.act(msgs, [MAIL_SEND]), remote.act(msgs, [MAIL_SEND])
             assert (got.get("content") or None, got.get("tool_calls")) == (want.get("content") or None, want.get("tool_calls")), msgs[-1]
     assert want.get("content") and not want.get("tool_calls")  # the second step is the student's reply
+
+
+def test_concurrent_greedy_requests_are_generated_as_one_batch_with_the_answers_they_get_alone(student_checkpoint):
+    """Greedy requests arriving together share one batched generate call, each answered as it is alone; a sampled
+    request is generated alone (a batch would share its random stream), so its seed still reproduces it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.agents.openai_agent import OpenAIAgent
+
+    class Counting(HFAgent):
+        batches: list[int] = []
+
+        def generate(self, conversations, **kw):
+            self.batches.append(len(conversations))
+            return super().generate(conversations, **kw)
+
+    asks = [f"Please send the team an update {'now' if i % 2 else 'today'}, item {i}." for i in range(8)]
+    convs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": a}] for a in asks]
+    local = HFAgent(student_checkpoint, device="cpu", max_new_tokens=48)
+    alone = [local.act(c, [MAIL_SEND]) for c in convs]
+    served = Counting(student_checkpoint, device="cpu", max_new_tokens=48)
+    with running(make_app(served, model_name="student")) as base:
+        greedy = OpenAIAgent(base + "/v1", "student", max_tokens=48, concurrency=8)
+        together = greedy.act_batch([(c, [MAIL_SEND]) for c in convs])
+        assert max(served.batches) > 1  # at least some of the eight were generated together
+        assert [(m.get("content") or None, m.get("tool_calls")) for m in together] == \
+               [(m.get("content") or None, m.get("tool_calls")) for m in alone]
+        served.batches.clear()
+        sampled = OpenAIAgent(base + "/v1", "student", max_tokens=48, concurrency=8, temperature=1.0, seed=3)
+        with ThreadPoolExecutor(4) as pool:
+            runs = list(pool.map(lambda _: sampled.act(convs[0], [MAIL_SEND]), range(4)))
+        assert served.batches == [1, 1, 1, 1] and all(r == runs[0] for r in runs)

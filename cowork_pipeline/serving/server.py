@@ -3,8 +3,8 @@
 ``POST /v1/chat/completions`` and ``GET /v1/models``. Any ``Agent`` can be served; agents exposing
 ``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``) honour per-request
 sampling settings and report token usage, other agents are called through ``act``. Requests are served one at a
-time (a lock around the model): generation is CPU/GPU bound and the agent's batching, not HTTP concurrency, is
-where throughput comes from.
+time, except that greedy requests arriving together are generated as one batch (the agent's batched, KV-cached
+decoding is where throughput comes from; concurrent clients such as `cowork eval` feed it).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,12 @@ def _run(agent: Agent, messages: list[dict[str, Any]], tools: list[dict[str, Any
     generate = getattr(agent, "generate", None)
     if callable(generate):
         g = generate([(messages, tools)], **opts)[0]
-        usage = {"prompt_tokens": len(g.prompt_ids), "completion_tokens": len(g.completion_ids)}
-        message, finish = g.message, g.finish_reason
-    else:
-        message, finish, usage = agent.act(messages, tools), "stop", {"prompt_tokens": 0, "completion_tokens": 0}
+        return _answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids))
+    return _answer(agent.act(messages, tools), "stop", 0, 0)
+
+
+def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int) -> tuple[dict[str, Any], str, dict[str, int]]:
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
     if message.get("tool_calls"):
         finish = "tool_calls"
     elif finish not in ("stop", "length"):
@@ -121,15 +124,69 @@ def _run(agent: Agent, messages: list[dict[str, Any]], tools: list[dict[str, Any
     return message, finish, usage
 
 
-def make_app(agent: Agent, model_name: str | None = None) -> Starlette:
-    """ASGI app serving ``agent``; ``model_name`` defaults to ``agent.name``."""
+class _Batcher:
+    """Greedy requests that arrive together are generated together: one ``generate`` call per group of requests
+    with the same options, so concurrent clients share the agent's batched, KV-cached decoding. A greedy answer
+    does not depend on what it is batched with; a sampled one would (the batch shares one random stream), so
+    requests with a temperature above 0 run alone, in arrival order, and stay reproducible by their seed."""
+
+    def __init__(self, agent: Agent, max_batch: int = 32, gather_s: float = 0.005):
+        self.agent, self.max_batch, self.gather_s = agent, max_batch, gather_s
+        self.cond = threading.Condition()
+        self.queue: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], Future]] = []
+        self.greedy = float(getattr(agent, "temperature", 0.0) or 0.0) <= 0.0  # the agent's default for requests without one
+        threading.Thread(target=self._loop, daemon=True, name="cowork-serve-batcher").start()
+
+    def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any]) -> Any:
+        fut: Future = Future()
+        with self.cond:
+            self.queue.append((messages, tools, opts, fut))
+            self.cond.notify()
+        return fut.result()
+
+    def _batchable(self, opts: dict[str, Any]) -> bool:
+        t = opts.get("temperature")
+        return callable(getattr(self.agent, "generate", None)) and ((t is None and self.greedy) or (t is not None and t <= 0.0))
+
+    @staticmethod
+    def _key(opts: dict[str, Any]) -> str:
+        """Greedy requests batch together whatever their seeds (greedy decoding draws nothing)."""
+        return json.dumps({k: v for k, v in opts.items() if k != "seed"}, sort_keys=True)
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.cond.wait()
+                first = self.queue[0]
+            if self._batchable(first[2]):
+                time.sleep(self.gather_s)  # let requests sent at the same moment join this batch
+            with self.cond:
+                if self._batchable(first[2]):
+                    key = self._key(first[2])
+                    batch = [r for r in self.queue if self._batchable(r[2]) and self._key(r[2]) == key][: self.max_batch]
+                else:
+                    batch = [first]
+                self.queue = [r for r in self.queue if not any(r is b for b in batch)]
+            try:
+                if len(batch) == 1:
+                    batch[0][3].set_result(_run(self.agent, batch[0][0], batch[0][1], batch[0][2]))
+                    continue
+                gens = self.agent.generate([(m, t) for m, t, _o, _f in batch], **first[2])  # type: ignore[attr-defined]
+                for (_m, _t, _o, fut), g in zip(batch, gens):
+                    fut.set_result(_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids)))
+            except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as a 500
+                for *_rest, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+
+
+def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -> Starlette:
+    """ASGI app serving ``agent``; ``model_name`` defaults to ``agent.name``. Concurrent greedy requests are
+    generated as one batch of up to ``max_batch`` (see :class:`_Batcher`)."""
     name = model_name or getattr(agent, "name", "agent")
     created = int(time.time())
-    lock = threading.Lock()
-
-    def locked_run(messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any]) -> Any:
-        with lock:
-            return _run(agent, messages, tools, opts)
+    batcher = _Batcher(agent, max_batch=max_batch)
 
     async def chat_completions(request: Request) -> JSONResponse:
         try:
@@ -141,7 +198,7 @@ def make_app(agent: Agent, model_name: str | None = None) -> Starlette:
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
         try:
-            message, finish, usage = await run_in_threadpool(locked_run, messages, tools, opts)
+            message, finish, usage = await run_in_threadpool(batcher.run, messages, tools, opts)
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}", err_type="server_error")
         out_msg: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
