@@ -105,15 +105,6 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
     return messages, tools, opts
 
 
-def _run(agent: Agent, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-         opts: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, int]]:
-    generate = getattr(agent, "generate", None)
-    if callable(generate):
-        g = generate([(messages, tools)], **opts)[0]
-        return _answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids))
-    return _answer(agent.act(messages, tools), "stop", 0, 0)
-
-
 def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int) -> tuple[dict[str, Any], str, dict[str, int]]:
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
     if message.get("tool_calls"):
@@ -169,10 +160,11 @@ class _Batcher:
                     batch = [first]
                 self.queue = [r for r in self.queue if not any(r is b for b in batch)]
             try:
-                if len(batch) == 1:
-                    batch[0][3].set_result(_run(self.agent, batch[0][0], batch[0][1], batch[0][2]))
+                generate = getattr(self.agent, "generate", None)
+                if not callable(generate):  # a plain agent (one request per batch): its act, no token usage
+                    batch[0][3].set_result(_answer(self.agent.act(batch[0][0], batch[0][1]), "stop", 0, 0))
                     continue
-                gens = self.agent.generate([(m, t) for m, t, _o, _f in batch], **first[2])  # type: ignore[attr-defined]
+                gens = generate([(m, t) for m, t, _o, _f in batch], **first[2])
                 for (_m, _t, _o, fut), g in zip(batch, gens):
                     fut.set_result(_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids)))
             except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as a 500
