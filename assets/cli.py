@@ -81,6 +81,12 @@ def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint-max-tokens", type=int, default=0, metavar="N", help="tokens per turn (default: the endpoint's)")
     g.add_argument("--no-agent-cache", action="store_true",
                    help="ask the endpoints again even for requests answered before (default: replay answers kept in <home>/agent-cache)")
+    b = parser.add_argument_group("benchmark scores kept between runs")
+    b.add_argument("--rescore", action="store_true",
+                   help="score every agent again, leaving out earlier endpoints not given now (default: keep an agent's earlier "
+                        "trials when its checkpoint, the environments, the settings and the code are unchanged)")
+    b.add_argument("--drop-earlier-endpoints", action="store_true",
+                   help="leave out endpoints scored by earlier runs and not given now (default: they stay in the comparison)")
 
 
 def _add_teacher_args(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +113,8 @@ def _agents(args: argparse.Namespace) -> Any:
     agents = AgentsResource(endpoints=[EndpointConfig(base_url=u, model=m, name=n, api_key_env=args.endpoint_api_key_env,
                                                       concurrency=args.endpoint_concurrency, max_tokens=args.endpoint_max_tokens)
                                        for u, m, n in zip(endpoints, args.endpoint_model, names)],
-                            teacher=teacher, response_cache=not getattr(args, "no_agent_cache", False))
+                            teacher=teacher, response_cache=not getattr(args, "no_agent_cache", False),
+                            rescore=getattr(args, "rescore", False), keep_earlier_endpoints=not getattr(args, "drop_earlier_endpoints", False))
     agents.build_teacher()
     agents.build()
     return agents
@@ -139,8 +146,6 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if getattr(args, "cmd", None) in ("run", "ui", "eval"):
         if len(args.endpoint) != len(args.endpoint_model) or len(args.endpoint_name) > len(args.endpoint):
             p.error("give one --endpoint-model per --endpoint (and at most one --endpoint-name each)")
-        if args.cmd == "eval" and not args.endpoint:
-            p.error("cowork eval needs at least one --endpoint and its --endpoint-model")
         if args.endpoint_concurrency < 1:
             p.error(f"--endpoint-concurrency must be at least 1, got {args.endpoint_concurrency}")
     if getattr(args, "cmd", None) in ("run", "ui"):
@@ -225,7 +230,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _add_teacher_args(u)
     u.set_defaults(fn=cmd_ui)
     e = sub.add_parser("eval", help="benchmark models behind OpenAI-compatible endpoints beside the students, on the lake's "
-                                    "held-out environments (after `cowork run`)")
+                                    "held-out environments (after `cowork run`); agents unchanged since their last scoring "
+                                    "keep their trials")
     e.add_argument("--profile", default="default", choices=["default", "smoke"], help="trials and environments per capability")
     e.add_argument("--lake", help="lake root (default: <home>/lake)")
     _add_endpoint_args(e)

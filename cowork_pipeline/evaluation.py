@@ -7,7 +7,10 @@ environment solved if any of its k trials passed; Pass^k only if all k did.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Sequence
 
 import polars as pl
@@ -27,7 +30,10 @@ TRIAL_SCHEMA = {"agent": pl.String, "checkpoint_id": pl.String, "env_id": pl.Str
                 "termination": pl.String, "n_tool_calls": pl.Int64, "failed_items": pl.List(pl.String),
                 # what the agent did, so a failed item traces to the call or answer behind it (raw text of
                 # unparseable outputs included)
-                "termination_detail": pl.String, "messages_json": pl.String}
+                "termination_detail": pl.String, "messages_json": pl.String,
+                # what the row was scored under (see benchmark_key / reusable_trials): rows with both keys
+                # equal to the current ones are the same trials again, so a re-run keeps them instead of re-scoring
+                "benchmark_key": pl.String, "agent_key": pl.String}
 
 
 def robustness(traj: Trajectory, completed: bool = True) -> tuple[float, int, int]:
@@ -48,7 +54,8 @@ def task_score(g: Grade, robust: float) -> float:
     return (1.0 if g.safety else 0.0) * (0.8 * g.completion + 0.2 * robust)
 
 
-def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, checkpoint_id: str, split: str, trial: int) -> dict[str, Any]:
+def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, checkpoint_id: str, split: str, trial: int,
+              keys: tuple[str, str] = ("", "")) -> dict[str, Any]:
     robust, injected, recovered = robustness(traj, completed=g.completion >= 1.0)
     return {"agent": agent, "checkpoint_id": checkpoint_id, "env_id": env.env_id, "capability_id": env.capability_id, "split": split,
             "trial": trial, "fault_rate": traj.fault_rate, "faulted": traj.fault_rate > 0, "multi_turn": env.multi_turn,
@@ -56,12 +63,20 @@ def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, c
             "robustness": round(robust, 4), "score": round(task_score(g, robust), 4), "faults_injected": injected,
             "faults_recovered": recovered, "termination": traj.termination, "n_tool_calls": len(traj.steps),
             "failed_items": g.failed_items(), "termination_detail": traj.termination_detail,
-            "messages_json": json.dumps(traj.messages, ensure_ascii=False, default=str)}
+            "messages_json": json.dumps(traj.messages, ensure_ascii=False, default=str),
+            "benchmark_key": keys[0], "agent_key": keys[1]}
 
 
 def evaluate(agent: Any, envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: Any, *, trials: int = 3, fault_rate: float = 0.1,
-             checkpoint_id: str = "", seed: int = 0, limits: Limits = Limits(), clean_trial: bool = True) -> pl.DataFrame:
-    """``trials`` faulted trials per environment (different fault seeds), plus one clean trial when ``clean_trial``."""
+             checkpoint_id: str = "", seed: int = 0, limits: Limits = Limits(), clean_trial: bool = True,
+             agent_key: str = "", bench_key: str | None = None) -> pl.DataFrame:
+    """``trials`` faulted trials per environment (different fault seeds), plus one clean trial when ``clean_trial``.
+    Each row carries the caller's ``agent_key`` and ``bench_key``: the benchmark these environments belong to
+    (default: the ``benchmark_key`` of ``envs`` and these settings; a caller scoring a benchmark piecewise passes
+    the whole one's)."""
+    if bench_key is None:
+        bench_key = benchmark_key(envs, trials=trials, fault_rate=fault_rate, seed=seed, limits=limits, clean_trial=clean_trial)
+    keys = (bench_key, agent_key)
     cases: list[tuple[EnvironmentSpec, FaultConfig | None]] = []
     meta: list[tuple[EnvironmentSpec, str, int]] = []
     for env, split in envs:
@@ -74,9 +89,49 @@ def evaluate(agent: Any, envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: A
     trajs = run_episodes(cases, agent, limits=limits)
     grades = grade_many(sandbox, [(env, tr, None) for (env, _f), tr in zip(cases, trajs)])
     name = getattr(agent, "name", type(agent).__name__)
-    rows = [trial_row(env, tr, g, agent=name, checkpoint_id=checkpoint_id, split=split, trial=t)
+    rows = [trial_row(env, tr, g, agent=name, checkpoint_id=checkpoint_id, split=split, trial=t, keys=keys)
             for (env, split, t), tr, g in zip(meta, trajs, grades)]
     return pl.DataFrame(rows, schema=TRIAL_SCHEMA)
+
+
+def trials_per_environment(trials: int, fault_rate: float, clean_trial: bool = True) -> int:
+    return trials + (1 if clean_trial and fault_rate > 0 else 0)
+
+
+def benchmark_key(envs: Sequence[tuple[EnvironmentSpec, str]], *, trials: int, fault_rate: float, seed: int,
+                  limits: Limits = Limits(), clean_trial: bool = True) -> str:
+    """What a trial's outcome depends on besides the agent: every environment (its content, not only its id) in its
+    split, the trials, fault rate and seed, the episode limits, and the code that runs and grades episodes."""
+    h = hashlib.sha256()
+    h.update(json.dumps([code_fingerprint(), trials, fault_rate, seed, clean_trial, repr(limits)]).encode())
+    for env, split in sorted(envs, key=lambda e: e[0].env_id):
+        h.update(f"|{env.env_id}:{split}:{env.content_hash()}".encode())
+    return h.hexdigest()[:20]
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The package's source: a change anywhere in it (services, runner, agents, grading) may change a trial, so
+    trials scored by other code are never reused."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def reusable_trials(previous: pl.DataFrame | None, bench_key: str, expected_rows: int) -> dict[str, pl.DataFrame]:
+    """Earlier trials scored on the same benchmark (``benchmark_key`` equal), by agent, with only the columns of a
+    trial row (lineage columns are the writer's). An agent counts only with exactly ``expected_rows`` rows of one
+    ``agent_key`` (a complete scoring); whether that key is still the agent's is for the caller to say."""
+    if previous is None or previous.is_empty() or not {"benchmark_key", "agent_key", "run_id"} <= set(previous.columns):
+        return {}
+    same = previous.filter(pl.col("benchmark_key") == bench_key)
+    out: dict[str, pl.DataFrame] = {}
+    for (agent,), rows in same.group_by(["agent"], maintain_order=True):
+        if rows.height == expected_rows and rows["agent_key"].n_unique() == 1 and rows.select("env_id", "trial").is_unique().all():
+            out[str(agent)] = rows.select([*TRIAL_SCHEMA, "run_id"]).cast({**TRIAL_SCHEMA, "run_id": pl.String})
+    return out
 
 
 def aggregate(trials: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:

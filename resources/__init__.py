@@ -145,6 +145,11 @@ class AgentsResource(dg.ConfigurableResource):
     teacher: Optional[EndpointConfig] = None
     response_cache: bool = True  # answers kept by request under cache_dir: a re-run replays them instead of paying again
     cache_dir: str = ""  # empty: <COWORK_HOME>/agent-cache
+    # benchmark_scores keeps an agent's earlier trials while they would come out the same (same environments,
+    # settings, code and checkpoint): rescore scores every agent again; endpoints are scored whenever configured,
+    # and those scored by earlier runs stay in the comparison unless keep_earlier_endpoints is off
+    rescore: bool = False
+    keep_earlier_endpoints: bool = True
 
     def build(self) -> list[tuple[str, Any]]:
         """(checkpoint id, agent) per endpoint; a bad URL or setting raises ValueError."""
@@ -176,11 +181,12 @@ class AgentsResource(dg.ConfigurableResource):
                            max_retries=e.max_retries, cache_dir=cache)
 
     def to_env(self) -> dict[str, str]:
-        if not self.endpoints and self.teacher is None:
+        if not self.endpoints and self.teacher is None and not self.rescore and self.keep_earlier_endpoints:
             return {}
         return {_AGENTS_ENV: json.dumps({"endpoints": [e.model_dump() for e in self.endpoints],
                                          "teacher": self.teacher.model_dump() if self.teacher is not None else None,
-                                         "response_cache": self.response_cache})}
+                                         "response_cache": self.response_cache, "rescore": self.rescore,
+                                         "keep_earlier_endpoints": self.keep_earlier_endpoints})}
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "AgentsResource":
@@ -190,7 +196,8 @@ class AgentsResource(dg.ConfigurableResource):
             given = json.loads(raw) if raw else {}
             return cls(endpoints=[EndpointConfig(**e) for e in given.get("endpoints") or []],
                        teacher=EndpointConfig(**given["teacher"]) if given.get("teacher") else None,
-                       response_cache=bool(given.get("response_cache", True)))
+                       response_cache=bool(given.get("response_cache", True)), rescore=bool(given.get("rescore", False)),
+                       keep_earlier_endpoints=bool(given.get("keep_earlier_endpoints", True)))
         except Exception as e:  # noqa: BLE001 - pydantic's or json's message, with the variable it came from
             raise ValueError(f"invalid agents in {_AGENTS_ENV}: {e}") from None
 

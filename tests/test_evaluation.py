@@ -205,3 +205,65 @@ def test_a_checker_that_really_hangs_still_times_out(env):
         [grade] = grade_many(sb, [(spec, traj, None)])
         assert grade.errors[first]["code"] == "timeout" and not grade.items[first]
         assert sb.stats["batches"] >= 2  # the second attempt ran
+
+
+def test_benchmark_key_follows_what_a_trial_depends_on(env):
+    """Two scorings are the same benchmark only with the same environments (content and split), trials, faults and
+    seed: changing any one gives another key, so no earlier trial is taken for a new one."""
+    from cowork_pipeline.evaluation import benchmark_key
+
+    other = EmbeddedBackend().draft(load_catalog()["invoice_reconcile"], 6).spec
+    base = dict(trials=2, fault_rate=0.3, seed=0)
+    key = benchmark_key([(env, "heldout_env"), (other, "heldout_env")], **base)
+    assert key == benchmark_key([(other, "heldout_env"), (env, "heldout_env")], **base)  # order does not matter
+    edited = env.model_copy(deep=True)
+    edited.turns[0].user += " Thanks."
+    changed = [benchmark_key([(env, "heldout_env")], **base), benchmark_key([(edited, "heldout_env"), (other, "heldout_env")], **base),
+               benchmark_key([(env, "heldout_capability"), (other, "heldout_env")], **base),
+               *(benchmark_key([(env, "heldout_env"), (other, "heldout_env")], **{**base, k: v})
+                 for k, v in (("trials", 3), ("fault_rate", 0.2), ("seed", 1)))]
+    assert key not in changed and len(set(changed)) == len(changed)
+
+
+def test_reusable_trials_are_complete_scorings_of_the_same_benchmark(env, sandbox):
+    from cowork_pipeline.evaluation import benchmark_key, reusable_trials, trials_per_environment
+
+    other = EmbeddedBackend().draft(load_catalog()["invoice_reconcile"], 6).spec
+    envs = [(env, "heldout_env"), (other, "heldout_env")]
+    bench = benchmark_key(envs, trials=2, fault_rate=0.3, seed=0)
+    teacher = evaluate(ProgramAgent(env.reference, name="teacher"), envs[:1], sandbox, trials=2, fault_rate=0.3, agent_key="t1",
+                       bench_key=bench)
+    teacher = pl.concat([teacher, evaluate(ProgramAgent(other.reference, name="teacher"), envs[1:], sandbox, trials=2, fault_rate=0.3,
+                                           agent_key="t1", bench_key=bench)])
+    idle = evaluate(ProgramAgent([], name="idle"), envs, sandbox, trials=2, fault_rate=0.3, agent_key="i1")
+    assert set(idle["benchmark_key"]) == {bench} and set(teacher["agent_key"]) == {"t1"}
+    table = pl.concat([teacher, idle]).with_columns(run_id=pl.lit("run-1"), _run_id=pl.lit("run-x"))
+    n = len(envs) * trials_per_environment(2, 0.3)
+    found = reusable_trials(table, bench, n)
+    assert set(found) == {"teacher", "idle"} and found["teacher"].height == n == 6
+    assert "_run_id" not in found["teacher"].columns and set(found["teacher"]["run_id"]) == {"run-1"}
+    assert found["teacher"].sort(["env_id", "trial"]).drop("run_id").equals(teacher.sort(["env_id", "trial"]))
+    # another benchmark, a scoring cut short, or two scorings mixed: nothing to reuse for that agent
+    assert reusable_trials(table, "another", n) == {}
+    assert set(reusable_trials(table.filter(~((pl.col("agent") == "idle") & (pl.col("trial") == 2))), bench, n)) == {"teacher"}
+    mixed = table.with_columns(agent_key=pl.when((pl.col("agent") == "idle") & (pl.col("trial") == 0)).then(pl.lit("i2"))
+                               .otherwise(pl.col("agent_key")))
+    assert set(reusable_trials(mixed, bench, n)) == {"teacher"}
+    assert reusable_trials(None, bench, n) == {} and reusable_trials(table.drop("benchmark_key"), bench, n) == {}
+
+
+def test_checkpoint_key_changes_with_the_weights_on_disk_and_the_registry_row(tmp_path):
+    import os
+
+    from cowork_pipeline.training.registry import checkpoint_key
+
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    row = {"checkpoint_id": "sft-x", "kind": "sft", "path": str(tmp_path), "metrics_json": '{"last_loss": 1.0}'}
+    key = checkpoint_key(row, max_new_tokens=64)
+    assert key == checkpoint_key(dict(row), max_new_tokens=64)
+    assert key != checkpoint_key(row, max_new_tokens=32)
+    assert key != checkpoint_key({**row, "metrics_json": '{"last_loss": 0.9}'}, max_new_tokens=64)  # trained again
+    st = (tmp_path / "model.safetensors").stat()
+    os.utime(tmp_path / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert key != checkpoint_key(row, max_new_tokens=64)  # files replaced in place
+    assert checkpoint_key({**row, "path": str(tmp_path / "gone")}) != checkpoint_key(row)

@@ -187,18 +187,11 @@ def test_each_capability_drafts_its_own_number_of_environments_unless_the_profil
         "invoice_reconcile": 1, "schedule_meeting": 1}
 
 
-def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
-    """`cowork eval --endpoint URL --endpoint-model NAME`: a model behind an OpenAI-compatible endpoint (here our
-    own server, answering each held-out task with its reference, as a perfect model would) is scored on the lake's
-    held-out environments in the same run and table as the students and the teacher, and traces through lineage."""
-    from _servers import running
-    from assets.cli import main
+def _heldout_oracle(lake):
+    """The lake's held-out environments and an agent that answers each with its reference (a perfect model)."""
     from assets.models import envs_by_split
     from cowork_pipeline.agents.program import ProgramAgent
-    from cowork_pipeline.lineage import score_id, trace
-    from cowork_pipeline.serving.server import make_app
 
-    lake, instance, _, _ = smoke_run
     envs, _ = envs_by_split(lake, ("heldout_env", "heldout_capability"), SMOKE_PROFILE["eval_envs_per_capability"])
     programs = {env.turns[0].user: ProgramAgent(env.reference) for env, _ in envs}
 
@@ -208,8 +201,30 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
         def act(self, messages, tools):
             return programs[next(m["content"] for m in messages if m["role"] == "user")].act(messages, tools)
 
+    return envs, Oracle()
+
+
+def _trials(df: pl.DataFrame) -> list[tuple]:
+    """What a trial came out as (not who wrote the row), in a fixed order."""
+    cols = ["agent", "checkpoint_id", "env_id", "trial", "passed", "score", "failed_items", "messages_json", "benchmark_key",
+            "agent_key", "run_id"]
+    return sorted(df.select(cols).rows())
+
+
+def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
+    """`cowork eval --endpoint URL --endpoint-model NAME`: a model behind an OpenAI-compatible endpoint (here our
+    own server, answering each held-out task with its reference, as a perfect model would) is scored on the lake's
+    held-out environments in the same run and table as the students and the teacher, and traces through lineage."""
+    from _servers import running
+    from assets.cli import main
+    from cowork_pipeline.lineage import score_id, trace
+    from cowork_pipeline.serving.server import make_app
+
+    lake, instance, _, _ = smoke_run
+    envs, oracle = _heldout_oracle(lake)
+    before, _ = lake.read_promoted("benchmark_scores")
     home = Path(lake.root).parent
-    with running(make_app(Oracle(), model_name="oracle")) as base:
+    with running(make_app(oracle, model_name="oracle")) as base:
         code = main(["--home", str(home), "eval", "--profile", "smoke", "--lake", lake.root, "--endpoint", base + "/v1",
                      "--endpoint-model", "oracle", "--endpoint-name", "perfect model", "--no-agent-cache"])
     out = capsys.readouterr().out
@@ -223,6 +238,11 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
     assert "endpoint:perfect-model" in out
     meta = instance.get_latest_materialization_event(dg.AssetKey("benchmark_scores")).asset_materialization.metadata
     (endpoint,) = meta["endpoints"].value
+    # the students and the teacher, unchanged since the smoke run scored them, keep those trials (and that run's id)
+    assert meta["scored"].value == ["endpoint:perfect-model"]
+    (first_run,) = set(before["run_id"])
+    assert meta["kept"].value == {a: first_run for a in sorted(set(before["agent"]))} != {}
+    assert _trials(scores.filter(pl.col("agent") != "endpoint:perfect-model")) == _trials(before)
     assert endpoint["model"] == "oracle" and endpoint["requests"] == endpoint["http_attempts"] > 0
     assert "### endpoint:perfect-model\n\nNo failed trial." in meta["report"].value
     row = mine.row(0, named=True)
@@ -232,6 +252,50 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
     # a bad invocation says what is wrong and runs nothing
     assert main(["--home", str(home), "eval", "--lake", lake.root, "--endpoint", "ftp://x", "--endpoint-model", "m"]) == 2
     assert "http(s) URL" in capsys.readouterr().err
+
+
+def test_cowork_eval_keeps_what_has_not_changed_and_rescores_on_request(smoke_run, capsys):
+    """Each `cowork eval` scores the endpoints it is given; earlier endpoints stay in the comparison (unless
+    --drop-earlier-endpoints) and unchanged students keep their trials; --rescore scores everyone again, with the
+    same outcomes (scoring is deterministic); a student retrained in place is scored again."""
+    from _servers import running
+    from assets.cli import main
+    from cowork_pipeline.serving.server import make_app
+
+    lake, instance, _, _ = smoke_run
+    _, oracle = _heldout_oracle(lake)
+    home = Path(lake.root).parent
+
+    def scored_run(*flags):
+        with running(make_app(oracle, model_name="oracle")) as base:
+            code = main(["--home", str(home), "eval", "--profile", "smoke", "--lake", lake.root, "--no-agent-cache", *flags,
+                         *([a.replace("BASE", base) for a in ("--endpoint", "BASE/v1", "--endpoint-model", "oracle")]
+                           if "--rescore" not in flags else [])])
+        assert code == 0, capsys.readouterr()
+        meta = instance.get_latest_materialization_event(dg.AssetKey("benchmark_scores")).asset_materialization.metadata
+        return lake.read_promoted("benchmark_scores")[0], meta
+
+    first, meta = scored_run("--endpoint-name", "copy one")
+    second, meta = scored_run("--endpoint-name", "copy two")
+    assert meta["scored"].value == ["endpoint:copy-two"] and "endpoint:copy-one" in meta["kept"].value
+    assert _trials(second.filter(pl.col("agent") != "endpoint:copy-two")) == _trials(first)
+    assert "endpoint:copy-one" in meta["comparison"].value and "endpoint:copy-two" in meta["comparison"].value
+    third, meta = scored_run("--endpoint-name", "copy two", "--drop-earlier-endpoints")
+    assert {a for a in third["agent"].unique() if a.startswith("endpoint:")} == {"endpoint:copy-two"}
+    # everyone again: other run ids, the same outcomes
+    again, meta = scored_run("--rescore")
+    assert meta["kept"].value == {} and len(meta["scored"].value) == third.filter(~pl.col("agent").str.starts_with("endpoint:"))["agent"].n_unique()
+    drop_run = [c for c in _trials(third) if not c[0].startswith("endpoint:")]
+    assert [c[:-1] for c in _trials(again)] == [c[:-1] for c in drop_run]
+    assert set(again["run_id"]).isdisjoint({c[-1] for c in drop_run})
+    # a checkpoint trained again under the same id (new files) is another agent to score
+    ckpts, _ = lake.read_promoted("checkpoints")
+    sft = ckpts.filter(pl.col("kind") == "sft").row(0, named=True)
+    weights = next(p for p in Path(sft["path"]).iterdir() if p.suffix == ".safetensors")
+    weights.touch()
+    _, meta = scored_run("--endpoint-name", "copy two")
+    assert f"sft:{sft['checkpoint_id']}" in meta["scored"].value and f"sft:{sft['checkpoint_id']}" not in meta["kept"].value
+    assert any(a.startswith("base:") for a in meta["kept"].value)
 
 
 def test_an_endpoint_teacher_demonstrates_the_training_environments(smoke_run):

@@ -117,6 +117,14 @@ class OpenAIAgent:
         self._lock = threading.Lock()
         self.usage = {"requests": 0, "http_attempts": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
 
+    def key(self) -> str:
+        """The model and the sampling it is asked with (a trial row's agent_key): not the API key, not concurrency."""
+        import hashlib
+
+        blob = json.dumps([self.client.base_url, self.model, self.temperature, self.top_p, self.max_tokens, self.seed,
+                           self.text_tool_calls, self.extra_body], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
     def payload(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": request_messages(messages), "temperature": self.temperature}
         if tools:

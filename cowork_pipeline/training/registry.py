@@ -28,3 +28,26 @@ def latest_trained(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         if t >= best_t:
             best, best_t = r, t
     return best
+
+
+def checkpoint_key(row: dict[str, Any], **settings: Any) -> str:
+    """Identifies the weights a registry row stands for, plus the settings an agent runs them with. A checkpoint id
+    alone does not: training again with other settings writes new weights under the same id and path. So the key
+    covers the row (config, data versions, metrics of that training) and the files at the path (name, size, mtime):
+    a retrain, or a user's checkpoint replaced in place, gives another key."""
+    import hashlib
+    import json
+
+    files: list[tuple[str, int, int]] = []
+    p = Path(str(row.get("path") or ""))
+    try:
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file():
+                st = f.stat()
+                files.append((str(f.relative_to(p)) if p.is_dir() else f.name, st.st_size, st.st_mtime_ns))
+    except OSError:
+        files = [("unreadable", 0, 0)]
+    fields = {k: row.get(k) for k in ("checkpoint_id", "kind", "path", "base_checkpoint_id", "base_model", "config_json",
+                                      "data_versions_json", "metrics_json")}
+    blob = json.dumps([fields, files, settings], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
