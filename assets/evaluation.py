@@ -90,13 +90,15 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                 continue
             agent = HFAgent(r["path"], device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed)
             agent.name = name
-            df = evaluate(agent, envs, sb, checkpoint_id=r["checkpoint_id"], agent_key=key, bench_key=bench, **settings)
+            df = evaluate(agent, envs, sb, checkpoint_id=r["checkpoint_id"], agent_key=key, bench_key=bench, **settings,
+                          agent_config={"path": r["path"], "max_new_tokens": profile.max_new_tokens, "device": device})
             context.log.info(f"{agent.name}: pass rate {df['passed'].mean():.3f} on {len(envs)} held-out environments")
             frames.append(df.with_columns(run_id=pl.lit(context.run.run_id)))
             scored.append(name)
         endpoints = agents.build()
         for ckpt_id, agent in endpoints:  # models behind OpenAI-compatible endpoints, scored the same way, every time asked
-            df = evaluate(agent, envs, sb, checkpoint_id=ckpt_id, agent_key=agent.key(), bench_key=bench, **settings)
+            df = evaluate(agent, envs, sb, checkpoint_id=ckpt_id, agent_key=agent.key(), bench_key=bench, **settings,
+                          agent_config=agent.describe())
             context.log.info(f"{agent.name} ({agent.model} at {agent.client.base_url}): pass rate {df['passed'].mean():.3f}, "
                              f"{agent.usage['requests']} requests ({agent.usage['cached']} replayed)")
             frames.append(df.with_columns(run_id=pl.lit(context.run.run_id)))

@@ -33,7 +33,8 @@ TRIAL_SCHEMA = {"agent": pl.String, "checkpoint_id": pl.String, "env_id": pl.Str
                 "termination_detail": pl.String, "messages_json": pl.String,
                 # what the row was scored under (see benchmark_key / reusable_trials): rows with both keys
                 # equal to the current ones are the same trials again, so a re-run keeps them instead of re-scoring
-                "benchmark_key": pl.String, "agent_key": pl.String}
+                "benchmark_key": pl.String, "agent_key": pl.String,
+                "agent_json": pl.String}  # what the agent was (an endpoint's model and URL, a student's path), for lineage
 
 
 def robustness(traj: Trajectory, completed: bool = True) -> tuple[float, int, int]:
@@ -55,7 +56,7 @@ def task_score(g: Grade, robust: float) -> float:
 
 
 def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, checkpoint_id: str, split: str, trial: int,
-              keys: tuple[str, str] = ("", "")) -> dict[str, Any]:
+              keys: tuple[str, str] = ("", ""), agent_json: str = "{}") -> dict[str, Any]:
     robust, injected, recovered = robustness(traj, completed=g.completion >= 1.0)
     return {"agent": agent, "checkpoint_id": checkpoint_id, "env_id": env.env_id, "capability_id": env.capability_id, "split": split,
             "trial": trial, "fault_rate": traj.fault_rate, "faulted": traj.fault_rate > 0, "multi_turn": env.multi_turn,
@@ -64,16 +65,16 @@ def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, c
             "faults_recovered": recovered, "termination": traj.termination, "n_tool_calls": len(traj.steps),
             "failed_items": g.failed_items(), "termination_detail": traj.termination_detail,
             "messages_json": json.dumps(traj.messages, ensure_ascii=False, default=str),
-            "benchmark_key": keys[0], "agent_key": keys[1]}
+            "benchmark_key": keys[0], "agent_key": keys[1], "agent_json": agent_json}
 
 
 def evaluate(agent: Any, envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: Any, *, trials: int = 3, fault_rate: float = 0.1,
              checkpoint_id: str = "", seed: int = 0, limits: Limits = Limits(), clean_trial: bool = True,
-             agent_key: str = "", bench_key: str | None = None) -> pl.DataFrame:
+             agent_key: str = "", bench_key: str | None = None, agent_config: dict[str, Any] | None = None) -> pl.DataFrame:
     """``trials`` faulted trials per environment (different fault seeds), plus one clean trial when ``clean_trial``.
     Each row carries the caller's ``agent_key`` and ``bench_key``: the benchmark these environments belong to
     (default: the ``benchmark_key`` of ``envs`` and these settings; a caller scoring a benchmark piecewise passes
-    the whole one's)."""
+    the whole one's), and ``agent_config`` (what the agent is: a model and its URL, a checkpoint's path) as JSON."""
     if bench_key is None:
         bench_key = benchmark_key(envs, trials=trials, fault_rate=fault_rate, seed=seed, limits=limits, clean_trial=clean_trial)
     keys = (bench_key, agent_key)
@@ -89,7 +90,8 @@ def evaluate(agent: Any, envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: A
     trajs = run_episodes(cases, agent, limits=limits)
     grades = grade_many(sandbox, [(env, tr, None) for (env, _f), tr in zip(cases, trajs)])
     name = getattr(agent, "name", type(agent).__name__)
-    rows = [trial_row(env, tr, g, agent=name, checkpoint_id=checkpoint_id, split=split, trial=t, keys=keys)
+    described = json.dumps(agent_config or {}, sort_keys=True, default=str)
+    rows = [trial_row(env, tr, g, agent=name, checkpoint_id=checkpoint_id, split=split, trial=t, keys=keys, agent_json=described)
             for (env, split, t), tr, g in zip(meta, trajs, grades)]
     return pl.DataFrame(rows, schema=TRIAL_SCHEMA)
 

@@ -427,7 +427,7 @@ class _Tracer:
                        "trials": [{"trial": t["trial"], "score": t["score"], "passed": t["passed"], "faulted": t.get("faulted"),
                                    "id": score_id(run, ckpt, env_id, t["trial"])} for t in trials]}
         up = n.upstream_versions
-        n.children.append(self.checkpoint(ckpt, {t: up[t] for t in CHECKPOINT_TABLES if t in up}))
+        n.children.append(self.checkpoint(ckpt, {t: up[t] for t in CHECKPOINT_TABLES if t in up}, agent=_loads(first.get("agent_json"), {})))
         n.children.append(self.environment(env_id, up.get("validated_environments"), split=first.get("split"),
                                            capability=first.get("capability_id")))
         return n
@@ -446,7 +446,8 @@ class _Tracer:
                 return hit
         return None
 
-    def checkpoint(self, ckpt: str, versions: dict[str, int] | None = None) -> LineageNode:
+    def checkpoint(self, ckpt: str, versions: dict[str, int] | None = None, agent: dict[str, Any] | None = None) -> LineageNode:
+        """``agent``: what the score row recorded about the agent (an endpoint's model and URL: the lake has no other row for it)."""
         if ckpt == TEACHER_CHECKPOINT or ckpt.startswith("teacher"):
             n = LineageNode("checkpoint", ckpt, "the embedded teacher (no weights)")
             n.attrs = {"kind": "teacher", "policy": "each environment's certified reference program, executed as an agent",
@@ -455,7 +456,8 @@ class _Tracer:
         if ckpt.startswith("endpoint-"):
             n = LineageNode("checkpoint", ckpt, "a model behind an OpenAI-compatible endpoint (no weights in the lake)")
             n.attrs = {"kind": "endpoint", "policy": "an external model, scored through the same runner and graders",
-                       "training_data": "unknown to the lake"}
+                       "training_data": "unknown to the lake",
+                       **{k: v for k, v in (agent or {}).items() if k in ("model", "base_url", "temperature", "max_tokens") and v is not None}}
             return n
         hit = self.find_checkpoint(ckpt, versions)
         end = self.settled("checkpoint", ckpt, hit, "not in the checkpoint tables",

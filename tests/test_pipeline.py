@@ -249,6 +249,8 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
     tree = trace(lake, score_id(row["run_id"], row["checkpoint_id"], row["env_id"], row["trial"]))
     kinds = {c.kind: c for c in tree.children}
     assert kinds["checkpoint"].attrs["kind"] == "endpoint" and kinds["environment"].id.endswith(row["env_id"])
+    # the model and where it was served are in the score's row, so lineage names them after later runs too
+    assert (kinds["checkpoint"].attrs["model"], kinds["checkpoint"].attrs["base_url"]) == ("oracle", base + "/v1")
     # a bad invocation says what is wrong and runs nothing
     assert main(["--home", str(home), "eval", "--lake", lake.root, "--endpoint", "ftp://x", "--endpoint-model", "m"]) == 2
     assert "http(s) URL" in capsys.readouterr().err

@@ -117,13 +117,16 @@ class OpenAIAgent:
         self._lock = threading.Lock()
         self.usage = {"requests": 0, "http_attempts": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
 
+    def describe(self) -> dict[str, Any]:
+        """The model and how it is asked (no API key, no concurrency): kept with its scores, so a score names its model."""
+        return {"model": self.model, "base_url": self.client.base_url, "temperature": self.temperature, "top_p": self.top_p,
+                "max_tokens": self.max_tokens, "seed": self.seed, "text_tool_calls": self.text_tool_calls, "extra_body": self.extra_body}
+
     def key(self) -> str:
-        """The model and the sampling it is asked with (a trial row's agent_key): not the API key, not concurrency."""
+        """A trial row's agent_key: the hash of ``describe()``."""
         import hashlib
 
-        blob = json.dumps([self.client.base_url, self.model, self.temperature, self.top_p, self.max_tokens, self.seed,
-                           self.text_tool_calls, self.extra_body], sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+        return hashlib.sha256(json.dumps(self.describe(), sort_keys=True, default=str).encode()).hexdigest()[:20]
 
     def payload(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": request_messages(messages), "temperature": self.temperature}
