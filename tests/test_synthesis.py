@@ -345,6 +345,15 @@ def test_a_weekday_that_contradicts_its_date_fails():
     ("Design critique: 2026-03-05, 15:00 UTC + 30 minutes of setup.", True),  # a plus sign that is no offset
     ("Design critique: 2026-03-05, 15:00 +10 min buffer, UTC.", True),
     ("Design critique moved to 15:00 UTC. See you 2026-03-05 at 15:00 CET!", False),  # right once, on another clock once
+    ("Design critique moves to 2026-03-05 at 15:00 Berlin time.", False),  # a place's clock
+    ("Design critique moves to 2026-03-05 at 3pm US Eastern Time.", False),
+    ("Design critique moves to 2026-03-05 at 15:00 Central European Summer Time.", False),
+    ("Design critique moves to 2026-03-05 at 15:00 (Europe/Berlin).", False),  # an IANA zone
+    ("Design critique moves to 2026-03-05 at 15:00 in New York time.", False),
+    ("Design critique moves to 2026-03-05 at 15:00 UTC (16:00 Berlin time, 10:00 New York time).", True),
+    ("Design critique moves to 2026-03-05 at 15:00 UTC, 15:00 London time.", True),  # GMT in March
+    ("Design critique moves to 2026-03-05 at 15:00 (Europe/London).", True),
+    ("Design critique moves to 2026-03-05 at 15:00 UTC in the Berlin room.", True),  # a room, not a clock
 ])
 def test_a_utc_time_on_another_clock_fails(text, ok):
     """``when`` times are UTC (every capability asks in UTC): the time labelled with another zone or offset is
@@ -2639,6 +2648,31 @@ def op_time_on_the_readers_clock(spec, turns, ref):
         yield "UTC times as offset timestamps / local time", prog
 
 
+_NAMED_ZONES = ["Berlin time", "New York time", "Pacific Time", "Central European Time", "(Europe/Berlin)", "Tokyo time",
+                "Eastern Standard Time", "(America/New_York)"]
+
+
+def op_time_in_a_named_zone(spec, turns, ref):
+    """Every UTC time in the messages and answers labelled with a city, region or IANA zone instead ("14:00 UTC" ->
+    "14:00 Berlin time", "14:00 Pacific Time", "14:00 (Europe/Berlin)", ...): the same figures, another instant."""
+    for zone in _NAMED_ZONES[:4]:
+        names = iter(_NAMED_ZONES[_NAMED_ZONES.index(zone):] + _NAMED_ZONES * 8)
+        prog = _retyped(spec, turns, lambda t: _UTC_TIME.sub(lambda m: f"{m.group(1)}:{m.group(2)} {next(names)}", t))
+        if prog:
+            yield f"times as hh:mm {zone} (and other named zones)", prog
+
+
+def ctl_utc_time_and_the_readers_in_a_named_zone(spec, turns, ref):
+    """CONTROL: every UTC time in the messages and answers followed by what it is in Berlin ("14:00 UTC" ->
+    "14:00 UTC (15:00 Berlin time)"), London included ("14:00 UTC / 14:00 London time": March, so GMT). Must still pass."""
+    def retype(t):
+        return _UTC_TIME.sub(lambda m: f"{m.group(0)} ({(int(m.group(1)) + 1) % 24:02d}:{m.group(2)} Berlin time, "
+                                       f"{m.group(1)}:{m.group(2)} London time)", t)
+    prog = _retyped(spec, turns, retype)
+    if prog:
+        yield "UTC times with Berlin and London times beside them", prog
+
+
 def ctl_utc_as_an_iso_timestamp(spec, turns, ref):
     """CONTROL: every dated UTC time in the messages and answers as an ISO timestamp ("2026-03-04 at 14:00 UTC"
     -> "2026-03-04T14:00:00Z"), a time alone as "14:00 GMT". Must still pass."""
@@ -2728,6 +2762,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_amounts_first_swapped": op_answer_amounts_first_swapped,
              "answer_cards_amounts_swapped": op_answer_cards_amounts_swapped,
              "time_on_another_clock": op_time_on_another_clock, "time_on_the_readers_clock": op_time_on_the_readers_clock,
+             "time_in_a_named_zone": op_time_in_a_named_zone,
+             "utc_time_and_the_readers_in_a_named_zone (control)": ctl_utc_time_and_the_readers_in_a_named_zone,
              "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
              "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,
              "answer_time_an_hour_off": op_answer_time_an_hour_off, "answer_time_with_am_pm (control)": ctl_answer_time_with_am_pm,
@@ -2889,3 +2925,12 @@ def test_disjointness_flags_a_planted_leak(env_frame):
     assert leaks["capability_id"].to_list() == [held]
     assert set(leaks["splits"][0]) == {"heldout_capability", "train"}
     assert not d.filter(pl.col("capability_id") != held)["leak"].any()
+
+
+def test_the_checker_prelude_trips_no_validator_rule():
+    """Every generated checker carries the prelude: a word in it the determinism scan reads as a call (a comment's
+    "time (" once did) would reject every environment."""
+    from cowork_pipeline.synthesis.checks import PRELUDE
+    from cowork_pipeline.validation.certify import _calls_nondeterministic
+
+    assert not _calls_nondeterministic(PRELUDE)

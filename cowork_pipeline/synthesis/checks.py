@@ -195,7 +195,7 @@ def _mentions(text, forms, word="0-9a-z", utc=False):
         for m in re.finditer("(?:(?<![" + word + ":])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "])|(?=t[0-9]))", t):
             if not utc:
                 return True
-            if _zoned(t[m.end():m.end() + 16]):
+            if _zoned(t[m.end():m.end() + 40]):
                 return False  # a utc time given on another clock anywhere in the text: another instant
             said = True
     return said
@@ -205,7 +205,11 @@ def _zoned(after):
     # "15:00+01:00", "15:00 (utc+1)" (an offset without seconds only east of utc: "15:00-16:00" is a range)
     import re
     zones = "cet|cest|eet|eest|wet|west|bst|ist|jst|kst|hkt|sgt|msk|aest|aedt|acst|awst|nzst|nzdt|est|edt|cst|cdt|mst|mdt|pst|pdt|akst|akdt|hst|et|ct|mt|pt|local|your time|my time|our time"
-    return re.match("(?::[0-9]{2}(?:[.][0-9]+)?[+-]0*[1-9]|[ ]?[+](?:0[1-9]|1[0-4]):?[0-9]{2}(?![0-9])|[ ]*[(]?(?:(?:utc|gmt)[+-]0*[1-9]|(?:" + zones + ")(?![a-z])))", after) is not None
+    # a place's or region's clock ("15:00 berlin time", "3pm pacific standard time") or an iana zone: "15:00 (europe/berlin)";
+    # never one on utc in march (london, lisbon, dublin, reykjavik, accra)
+    places = "berlin|paris|madrid|rome|amsterdam|brussels|vienna|zurich|geneva|munich|frankfurt|stockholm|oslo|copenhagen|warsaw|prague|budapest|athens|helsinki|kyiv|istanbul|moscow|dubai|india|mumbai|delhi|bangalore|singapore|hong kong|shanghai|beijing|china|tokyo|japan|seoul|korea|sydney|melbourne|auckland|new york|boston|washington|toronto|chicago|denver|phoenix|los angeles|san francisco|seattle|vancouver|mexico city|sao paulo|buenos aires|johannesburg|cairo|tel aviv|eastern|central|mountain|pacific|atlantic|alaska|hawaii|central european|eastern european|western european|us eastern|us pacific|us central|us mountain"
+    named = "(?:in )?(?:" + places + ")(?: standard| daylight| summer)? time|(?:europe|america|asia|australia|africa|pacific|atlantic|indian)/(?!london|lisbon|dublin|reykjavik|accra|abidjan)[a-z_]+"
+    return re.match("(?::[0-9]{2}(?:[.][0-9]+)?[+-]0*[1-9]|[ ]?[+](?:0[1-9]|1[0-4]):?[0-9]{2}(?![0-9])|[ ]*[(]?(?:(?:utc|gmt)[+-]0*[1-9]|" + named + "|(?:" + zones + ")(?![a-z])))", after) is not None
 
 def _stray_ids(text, shape, right):
     t = _low(text)
