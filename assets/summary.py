@@ -1,4 +1,6 @@
 """The end-of-run summary `cowork run` prints."""
+import polars as pl
+
 from cowork_pipeline.lake import Lake, LakeError
 
 
@@ -37,10 +39,12 @@ def print_summary(lake: Lake, timings: dict, total: float, until: str | None = N
         scores, _ = lake.read_promoted("benchmark_scores")
         table = comparison_table(scores)
         print("\n== held-out benchmark (faulted trials; Pass@k / Pass^k over k trials per environment) ==")
-        print(f"  {'agent':<44} {'score':>6} {'pass':>6} {'pass@k':>7} {'pass^k':>7} {'single':>7} {'multi':>7} {'clean':>6}")
+        # the run that scored each agent: an agent unchanged since an earlier run keeps that run's trials
+        runs = {a: r for a, r in scores.group_by("agent").agg(pl.col("run_id").first()).iter_rows()} if "run_id" in scores.columns else {}
+        print(f"  {'agent':<44} {'score':>6} {'pass':>6} {'pass@k':>7} {'pass^k':>7} {'single':>7} {'multi':>7} {'clean':>6}  scored by run")
         for r in table.iter_rows(named=True):
             f = lambda v: "   n/a" if v is None else f"{v:6.3f}"  # noqa: E731
             print(f"  {r['agent'][:44]:<44} {f(r['average_score'])} {f(r['pass_rate'])} {f(r['pass_at_k']):>7} {f(r['pass_hat_k']):>7}"
-                  f" {f(r['single_turn_pass']):>7} {f(r['multi_turn_pass']):>7} {f(r['clean_pass'])}")
+                  f" {f(r['single_turn_pass']):>7} {f(r['multi_turn_pass']):>7} {f(r['clean_pass'])}  {str(runs.get(r['agent']) or '')[:8]}")
     except LakeError:
         pass

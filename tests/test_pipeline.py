@@ -223,6 +223,7 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
     lake, instance, _, _ = smoke_run
     envs, oracle = _heldout_oracle(lake)
     before, _ = lake.read_promoted("benchmark_scores")
+    (first_run,) = set(before["run_id"])
     home = Path(lake.root).parent
     with running(make_app(oracle, model_name="oracle")) as base:
         code = main(["--home", str(home), "eval", "--profile", "smoke", "--lake", lake.root, "--endpoint", base + "/v1",
@@ -236,11 +237,13 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
     assert mine["passed"].all() and set(mine["env_id"]) == {env.env_id for env, _ in envs}
     assert {"base", "sft", "teacher", "endpoint"} <= {a.split(":")[0] for a in scores["agent"].unique()}  # one table, one run
     assert "endpoint:perfect-model" in out
+    # the summary says which run scored each agent: this one for the endpoint, the smoke run for the kept ones
+    lines = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("  ") and ":" in line.split()[0]}
+    assert lines["endpoint:perfect-model"] == mine["run_id"][0][:8] != first_run[:8] == lines["teacher:embedded"]
     meta = instance.get_latest_materialization_event(dg.AssetKey("benchmark_scores")).asset_materialization.metadata
     (endpoint,) = meta["endpoints"].value
     # the students and the teacher, unchanged since the smoke run scored them, keep those trials (and that run's id)
     assert meta["scored"].value == ["endpoint:perfect-model"]
-    (first_run,) = set(before["run_id"])
     assert meta["kept"].value == {a: first_run for a in sorted(set(before["agent"]))} != {}
     assert _trials(scores.filter(pl.col("agent") != "endpoint:perfect-model")) == _trials(before)
     assert endpoint["model"] == "oracle" and endpoint["requests"] == endpoint["http_attempts"] > 0
