@@ -17,6 +17,13 @@ HELDOUT = ("heldout_env", "heldout_capability")
 TEACHER_KEY = "teacher:embedded"  # the reference program: what it does is fixed by the environment and the code
 
 
+def _libraries() -> dict[str, str]:
+    """The versions of what runs a student's forward pass: another torch or transformers may decode differently."""
+    from importlib.metadata import version
+
+    return {lib: version(lib) for lib in ("torch", "transformers", "peft")}
+
+
 def _previous_scores(context: AssetExecutionContext, lk) -> pl.DataFrame | None:
     """The promoted benchmark_scores (None when there are none yet or they cannot be read: then everything is
     scored again, and the reason is logged)."""
@@ -85,7 +92,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
 
     with Sandbox(workers=profile.sandbox_workers) as sb:
         for r in students:
-            name, key = f"{r['kind']}:{r['checkpoint_id']}", checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device)
+            name, key = f"{r['kind']}:{r['checkpoint_id']}", checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device, libs=_libraries())
             if keep(name, key):
                 continue
             agent = HFAgent(r["path"], device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed)
