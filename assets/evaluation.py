@@ -6,8 +6,7 @@ from dagster import AssetExecutionContext
 
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
-from cowork_pipeline.evaluation import (benchmark_key, comparison_table, evaluate, markdown_table, report, reusable_trials,
-                                        trials_per_environment)
+from cowork_pipeline.evaluation import Contestant, comparison_table, markdown_table, report, score_contestants
 from cowork_pipeline.lake import NotPromoted
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.training.registry import checkpoint_key, latest_trained
@@ -72,58 +71,25 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
             upstream["rl_checkpoints"] = v_rl
         except Exception as e:  # RL is optional: score what exists, say why RL is missing
             context.log.warning(f"rl_checkpoints not used: {e}")
-    students = _agents(ckpts)
     device = compute.resolve()
-    settings = dict(trials=profile.eval_trials, fault_rate=profile.eval_fault_rate, seed=profile.seed)
-    bench = benchmark_key(envs, **settings)
-    # Trials scored before on this very benchmark by an agent that has not changed since are kept, not scored again
-    # (a new endpoint, or a new RL checkpoint, costs its own trials only); each kept row names the run that scored it.
-    earlier = {} if agents.rescore else reusable_trials(_previous_scores(context, lk), bench,
-                                                        len(envs) * trials_per_environment(profile.eval_trials, profile.eval_fault_rate))
-    frames, scored, kept = [], [], {}
-
-    def keep(agent: str, key: str) -> bool:
-        rows = earlier.get(agent)
-        if rows is None or rows["agent_key"][0] != key:
-            return False
-        frames.append(rows)
-        kept[agent] = rows["run_id"][0]
-        return True
-
+    endpoints = agents.build()
+    students = [Contestant(f"{r['kind']}:{r['checkpoint_id']}", r["checkpoint_id"],
+                           checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device, libs=_libraries()),
+                           build=lambda r=r: HFAgent(r["path"], device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed),
+                           config={"path": r["path"], "max_new_tokens": profile.max_new_tokens, "device": device})
+                for r in _agents(ckpts)]
+    # models behind OpenAI-compatible endpoints: scored the same way, every time they are given
+    remote = [Contestant(a.name, ckpt_id, a.key(), build=lambda a=a: a, config=a.describe(), always=True) for ckpt_id, a in endpoints]
+    teacher = Contestant("teacher:embedded", "teacher-embedded", TEACHER_KEY, per_environment=EmbeddedTeacher)
     with Sandbox(workers=profile.sandbox_workers) as sb:
-        for r in students:
-            name, key = f"{r['kind']}:{r['checkpoint_id']}", checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device, libs=_libraries())
-            if keep(name, key):
-                continue
-            agent = HFAgent(r["path"], device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed)
-            agent.name = name
-            df = evaluate(agent, envs, sb, checkpoint_id=r["checkpoint_id"], agent_key=key, bench_key=bench, **settings,
-                          agent_config={"path": r["path"], "max_new_tokens": profile.max_new_tokens, "device": device})
-            context.log.info(f"{agent.name}: pass rate {df['passed'].mean():.3f} on {len(envs)} held-out environments")
-            frames.append(df.with_columns(run_id=pl.lit(context.run.run_id)))
-            scored.append(name)
-        endpoints = agents.build()
-        for ckpt_id, agent in endpoints:  # models behind OpenAI-compatible endpoints, scored the same way, every time asked
-            df = evaluate(agent, envs, sb, checkpoint_id=ckpt_id, agent_key=agent.key(), bench_key=bench, **settings,
-                          agent_config=agent.describe())
-            context.log.info(f"{agent.name} ({agent.model} at {agent.client.base_url}): pass rate {df['passed'].mean():.3f}, "
-                             f"{agent.usage['requests']} requests ({agent.usage['cached']} replayed)")
-            frames.append(df.with_columns(run_id=pl.lit(context.run.run_id)))
-            scored.append(agent.name)
-        if agents.keep_earlier_endpoints:  # endpoints scored by earlier runs on this benchmark stay in the comparison
-            for name in sorted(a for a in earlier if a.startswith("endpoint:") and a not in scored):
-                keep(name, earlier[name]["agent_key"][0])
-        # The teacher needs each environment's reference: one agent per environment, same scoring.
-        if not keep("teacher:embedded", TEACHER_KEY):
-            for env, split in envs:
-                df = evaluate(EmbeddedTeacher(env), [(env, split)], sb, checkpoint_id="teacher-embedded", agent_key=TEACHER_KEY,
-                              bench_key=bench, **settings)
-                frames.append(df.with_columns(agent=pl.lit("teacher:embedded"), run_id=pl.lit(context.run.run_id)))
-            scored.append("teacher:embedded")
-    if kept:
-        context.log.info("kept from earlier runs (same environments, settings, code and checkpoint): "
-                         + ", ".join(f"{a} (run {r[:8]})" for a, r in kept.items()))
-    trials = pl.concat(frames)
+        # an agent unchanged since an earlier run scored it on these very environments keeps those trials
+        result = score_contestants([*students, *remote, teacher], envs, sb, run_id=context.run.run_id, trials=profile.eval_trials,
+                                   fault_rate=profile.eval_fault_rate, seed=profile.seed, previous=_previous_scores(context, lk),
+                                   rescore=agents.rescore, log=context.log.info,
+                                   keep_others=lambda a: agents.keep_earlier_endpoints and a.startswith("endpoint:"))
+    for _, a in endpoints:
+        context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
+    trials = result.trials
     table = comparison_table(trials)
     text = report(trials, f"Benchmark report (profile {profile.name}, run {context.run.run_id[:8]})")
     report_path = None
@@ -137,8 +103,8 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})])
     mat.metadata.update({"comparison": dg.MetadataValue.md(markdown_table(table)), "report": dg.MetadataValue.md(text),
                          "report_path": str(report_path) if report_path else "",
-                         "plot": _plot(table), "heldout_environments": len(envs), "benchmark_key": bench,
-                         "scored": scored, "kept": dg.MetadataValue.json(kept),
+                         "plot": _plot(table), "heldout_environments": len(envs), "benchmark_key": result.benchmark_key,
+                         "scored": result.scored, "kept": dg.MetadataValue.json(result.kept),
                          "endpoints": [{"agent": a.name, "model": a.model, "base_url": a.client.base_url, **a.usage} for _, a in endpoints]})
     yield mat
     yield check

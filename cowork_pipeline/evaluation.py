@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import polars as pl
 
@@ -134,6 +135,76 @@ def reusable_trials(previous: pl.DataFrame | None, bench_key: str, expected_rows
         if rows.height == expected_rows and rows["agent_key"].n_unique() == 1 and rows.select("env_id", "trial").is_unique().all():
             out[str(agent)] = rows.select([*TRIAL_SCHEMA, "run_id"]).cast({**TRIAL_SCHEMA, "run_id": pl.String})
     return out
+
+
+@dataclass
+class Contestant:
+    """An agent to benchmark. ``build`` makes it only when it must be scored (a student's weights are not loaded for
+    trials kept from an earlier run); ``per_environment`` instead makes one agent per environment (the embedded
+    teacher executes each one's reference); ``always``: scored every time, never kept (an endpoint, which may have
+    changed behind its URL)."""
+
+    name: str
+    checkpoint_id: str
+    key: str
+    build: Callable[[], Any] | None = None
+    per_environment: Callable[[EnvironmentSpec], Any] | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    always: bool = False
+
+
+@dataclass
+class Scoring:
+    trials: pl.DataFrame
+    benchmark_key: str
+    scored: list[str]
+    kept: dict[str, str]  # agent -> the run that scored the trials kept
+
+
+def score_contestants(contestants: Sequence[Contestant], envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: Any, *, run_id: str,
+                      trials: int = 3, fault_rate: float = 0.1, seed: int = 0, previous: pl.DataFrame | None = None,
+                      rescore: bool = False, keep_others: Callable[[str], bool] = lambda agent: False,
+                      log: Callable[[str], None] = lambda line: None) -> Scoring:
+    """Every contestant's trials on ``envs``, in one table. A contestant's trials in ``previous`` (the table an
+    earlier run wrote) are kept instead of scored again when they were scored on the same benchmark (same
+    ``benchmark_key``) under the same ``key``, unless ``rescore`` or ``always``; agents in ``previous`` that are no
+    contestant stay when ``keep_others(agent)`` (endpoints scored earlier). New rows carry ``run_id``."""
+    settings = dict(trials=trials, fault_rate=fault_rate, seed=seed)
+    bench = benchmark_key(envs, **settings)
+    earlier = {} if rescore else reusable_trials(previous, bench, len(envs) * trials_per_environment(trials, fault_rate))
+    frames: list[pl.DataFrame] = []
+    scored: list[str] = []
+    kept: dict[str, str] = {}
+
+    def keep(agent: str, key: str) -> bool:
+        rows = earlier.get(agent)
+        if rows is None or rows["agent_key"][0] != key:
+            return False
+        frames.append(rows)
+        kept[agent] = rows["run_id"][0]
+        return True
+
+    for c in contestants:
+        if not c.always and keep(c.name, c.key):
+            continue
+        if c.per_environment is not None:
+            df = pl.concat([evaluate(c.per_environment(env), [(env, split)], sandbox, checkpoint_id=c.checkpoint_id, agent_key=c.key,
+                                     bench_key=bench, agent_config=c.config, **settings) for env, split in envs])
+        else:
+            assert c.build is not None, f"contestant {c.name} has neither build nor per_environment"
+            df = evaluate(c.build(), envs, sandbox, checkpoint_id=c.checkpoint_id, agent_key=c.key, bench_key=bench,
+                          agent_config=c.config, **settings)
+        frames.append(df.with_columns(agent=pl.lit(c.name), run_id=pl.lit(run_id)))
+        scored.append(c.name)
+        log(f"{c.name}: pass rate {df['passed'].mean():.3f} on {len(envs)} held-out environments")
+    names = {c.name for c in contestants}
+    for agent in sorted(a for a in earlier if a not in names and keep_others(a)):
+        keep(agent, earlier[agent]["agent_key"][0])
+    if kept:
+        log("kept from earlier runs (same environments, settings, code and agent): "
+            + ", ".join(f"{a} (run {r[:8]})" for a, r in kept.items()))
+    table = pl.concat(frames) if frames else pl.DataFrame(schema={**TRIAL_SCHEMA, "run_id": pl.String})
+    return Scoring(table, bench, scored, kept)
 
 
 def aggregate(trials: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:

@@ -267,3 +267,46 @@ def test_checkpoint_key_changes_with_the_weights_on_disk_and_the_registry_row(tm
     os.utime(tmp_path / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert key != checkpoint_key(row, max_new_tokens=64)  # files replaced in place
     assert checkpoint_key({**row, "path": str(tmp_path / "gone")}) != checkpoint_key(row)
+
+
+def test_score_contestants_keeps_unchanged_agents_and_scores_the_rest(env, sandbox):
+    """The benchmark's plan without Dagster: a contestant whose key is unchanged keeps its earlier trials (it is not
+    even built), a changed key or ``always`` scores again, agents of the earlier table that are no contestant stay
+    only when ``keep_others`` says so, and ``rescore`` scores everyone."""
+    from cowork_pipeline.evaluation import Contestant, score_contestants
+
+    other = EmbeddedBackend().draft(load_catalog()["invoice_reconcile"], 6).spec
+    envs = [(env, "heldout_env"), (other, "heldout_env")]
+    built: list[str] = []
+
+    def idle(name):
+        def build():
+            built.append(name)
+            return ProgramAgent([], name=name)
+        return build
+
+    def field(key="k1", always=False, name="idle"):
+        return [Contestant(name, f"ck-{name}", key, build=idle(name), config={"what": name}, always=always),
+                Contestant("teacher:embedded", "teacher-embedded", "t", per_environment=lambda e: ProgramAgent(e.reference))]
+
+    kw = dict(trials=2, fault_rate=0.3, seed=0)
+    first = score_contestants(field() + field(name="remote")[:1], envs, sandbox, run_id="run-1", **kw)
+    assert first.scored == ["idle", "teacher:embedded", "remote"] and first.kept == {} and built == ["idle", "remote"]
+    assert first.trials.height == 3 * 6 and set(first.trials["run_id"]) == {"run-1"}
+    assert first.trials.filter(pl.col("agent") == "teacher:embedded")["passed"].all()
+    assert json.loads(first.trials.filter(pl.col("agent") == "idle")["agent_json"][0]) == {"what": "idle"}
+    built.clear()
+    again = score_contestants(field(), envs, sandbox, run_id="run-2", previous=first.trials, **kw)
+    assert again.scored == [] and again.kept == {"idle": "run-1", "teacher:embedded": "run-1"} and built == []
+    assert set(again.trials["agent"]) == {"idle", "teacher:embedded"}  # "remote" is no contestant and not kept
+    kept = score_contestants(field(), envs, sandbox, run_id="run-2", previous=first.trials, keep_others=lambda a: a == "remote", **kw)
+    assert set(kept.kept) == {"idle", "teacher:embedded", "remote"} and kept.trials.height == first.trials.height
+    changed = score_contestants(field(key="k2"), envs, sandbox, run_id="run-3", previous=first.trials, **kw)
+    assert changed.scored == ["idle"] and changed.kept == {"teacher:embedded": "run-1"}
+    assert set(changed.trials.filter(pl.col("agent") == "idle")["run_id"]) == {"run-3"}
+    assert score_contestants(field(always=True), envs, sandbox, run_id="r", previous=first.trials, **kw).scored == ["idle"]
+    assert score_contestants(field(), envs, sandbox, run_id="r", previous=first.trials, **{**kw, "seed": 1}).kept == {}  # another benchmark
+    everyone = score_contestants(field(), envs, sandbox, run_id="run-4", previous=first.trials, rescore=True, **kw)
+    assert everyone.kept == {} and everyone.scored == ["idle", "teacher:embedded"]
+    cols = ["agent", "env_id", "trial", "passed", "score", "messages_json", "agent_key", "benchmark_key"]
+    assert sorted(everyone.trials.select(cols).rows()) == sorted(first.trials.filter(pl.col("agent") != "remote").select(cols).rows())
