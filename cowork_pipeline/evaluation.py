@@ -133,7 +133,9 @@ def reusable_trials(previous: pl.DataFrame | None, bench_key: str, expected_rows
     out: dict[str, pl.DataFrame] = {}
     for (agent,), rows in same.group_by(["agent"], maintain_order=True):
         if rows.height == expected_rows and rows["agent_key"].n_unique() == 1 and rows.select("env_id", "trial").is_unique().all():
-            out[str(agent)] = rows.select([*TRIAL_SCHEMA, "run_id"]).cast({**TRIAL_SCHEMA, "run_id": pl.String})
+            # (a column the table lacks is null: rows of the same benchmark come from the same code, so none should)
+            out[str(agent)] = rows.select([pl.col(c) if c in rows.columns else pl.lit(None).alias(c) for c in [*TRIAL_SCHEMA, "run_id"]]
+                                          ).cast({**TRIAL_SCHEMA, "run_id": pl.String})
     return out
 
 

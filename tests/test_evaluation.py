@@ -250,6 +250,7 @@ def test_reusable_trials_are_complete_scorings_of_the_same_benchmark(env, sandbo
                                .otherwise(pl.col("agent_key")))
     assert set(reusable_trials(mixed, bench, n)) == {"teacher"}
     assert reusable_trials(None, bench, n) == {} and reusable_trials(table.drop("benchmark_key"), bench, n) == {}
+    assert reusable_trials(table.drop("agent_json"), bench, n)["teacher"]["agent_json"].null_count() == n  # a column it lacks
 
 
 def test_checkpoint_key_changes_with_the_weights_on_disk_and_the_registry_row(tmp_path):
