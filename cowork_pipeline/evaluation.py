@@ -209,6 +209,22 @@ def score_contestants(contestants: Sequence[Contestant], envs: Sequence[tuple[En
     return Scoring(table, bench, scored, kept)
 
 
+def rebase(result: Scoring, previous: pl.DataFrame | None, latest: pl.DataFrame | None, keep_others: Callable[[str], bool],
+           expected_rows: int) -> Scoring:
+    """``result`` (planned on ``previous``) with the agents another run wrote to the table while this one scored (an
+    endpoint scored by a second `cowork eval` at the same time; ``latest`` is the table now): those of the same
+    benchmark, scored by a run ``previous`` did not know, that ``keep_others`` keeps and this run neither scored nor
+    kept are added, so the later of two writers does not drop the earlier one's agents."""
+    mine = set(result.scored) | set(result.kept)
+    known = set(previous["run_id"]) if previous is not None and "run_id" in previous.columns else set()
+    added = {a: rows for a, rows in reusable_trials(latest, result.benchmark_key, expected_rows).items()
+             if a not in mine and keep_others(a) and rows["run_id"][0] not in known}
+    if not added:
+        return result
+    return Scoring(pl.concat([result.trials, *added.values()]), result.benchmark_key, result.scored,
+                   {**result.kept, **{a: rows["run_id"][0] for a, rows in added.items()}})
+
+
 def aggregate(trials: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
     """Average Score, Pass@k and Pass^k over the faulted trials (k = trials per environment), grouped by ``by``."""
     faulted = trials.filter(pl.col("faulted")) if trials["faulted"].any() else trials

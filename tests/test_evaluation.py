@@ -311,3 +311,27 @@ def test_score_contestants_keeps_unchanged_agents_and_scores_the_rest(env, sandb
     assert everyone.kept == {} and everyone.scored == ["idle", "teacher:embedded"]
     cols = ["agent", "env_id", "trial", "passed", "score", "messages_json", "agent_key", "benchmark_key"]
     assert sorted(everyone.trials.select(cols).rows()) == sorted(first.trials.filter(pl.col("agent") != "remote").select(cols).rows())
+
+
+def test_rebase_keeps_what_a_concurrent_run_added(env, sandbox):
+    """Two evaluations at once: each planned on the table as it was, and the one writing last would drop the other's
+    endpoint. ``rebase`` adds what a run unknown to the plan wrote meanwhile (when kept), and nothing else."""
+    from cowork_pipeline.evaluation import Contestant, rebase, score_contestants
+
+    envs = [(env, "heldout_env")]
+    kw = dict(trials=1, fault_rate=0.3, seed=0)
+
+    def idle(name, always=False):
+        return Contestant(name, f"ck-{name}", "k", build=lambda: ProgramAgent([], name=name), always=always)
+
+    first = score_contestants([idle("student")], envs, sandbox, run_id="run-1", **kw)
+    theirs = score_contestants([idle("student"), idle("endpoint:a", True)], envs, sandbox, run_id="run-2", previous=first.trials, **kw)
+    mine = score_contestants([idle("student"), idle("endpoint:b", True)], envs, sandbox, run_id="run-3", previous=first.trials, **kw)
+    is_endpoint = lambda a: a.startswith("endpoint:")  # noqa: E731
+    merged = rebase(mine, first.trials, theirs.trials, is_endpoint, 2)
+    assert set(merged.trials["agent"]) == {"student", "endpoint:a", "endpoint:b"} and merged.kept["endpoint:a"] == "run-2"
+    assert merged.trials.filter(pl.col("agent") == "student").height == 2  # not twice
+    assert rebase(mine, first.trials, theirs.trials, lambda a: False, 2).trials.height == mine.trials.height  # dropping earlier ones
+    # an agent the plan already knew (and chose to leave out, e.g. --rescore) does not come back
+    again = score_contestants([idle("student")], envs, sandbox, run_id="run-4", previous=theirs.trials, rescore=True, **kw)
+    assert set(rebase(again, theirs.trials, theirs.trials, is_endpoint, 2).trials["agent"]) == {"student"}
