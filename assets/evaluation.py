@@ -6,8 +6,7 @@ from dagster import AssetExecutionContext
 
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
-from cowork_pipeline.evaluation import (Contestant, comparison_table, markdown_table, rebase, report, score_contestants,
-                                        trials_per_environment)
+from cowork_pipeline.evaluation import Contestant, comparison_table, markdown_table, rebase, report, score_contestants
 from cowork_pipeline.lake import NotPromoted
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.training.registry import checkpoint_key, latest_trained
@@ -96,8 +95,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
     for _, a in endpoints:
         context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
     # another run may have written the table meanwhile (a second `cowork eval`): keep what it added
-    result = rebase(result, previous, _previous_scores(context, lk), keep_endpoint,
-                    len(envs) * trials_per_environment(profile.eval_trials, profile.eval_fault_rate))
+    result = rebase(result, previous, _previous_scores(context, lk), keep_endpoint)
     trials = result.trials
     table = comparison_table(trials)
     text = report(trials, f"Benchmark report (profile {profile.name}, run {context.run.run_id[:8]})")

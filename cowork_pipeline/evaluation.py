@@ -161,6 +161,7 @@ class Scoring:
     benchmark_key: str
     scored: list[str]
     kept: dict[str, str]  # agent -> the run that scored the trials kept
+    rows_per_agent: int  # environments x trials: what a complete scoring of one agent has
 
 
 def score_contestants(contestants: Sequence[Contestant], envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: Any, *, run_id: str,
@@ -173,7 +174,8 @@ def score_contestants(contestants: Sequence[Contestant], envs: Sequence[tuple[En
     contestant stay when ``keep_others(agent)`` (endpoints scored earlier). New rows carry ``run_id``."""
     settings = dict(trials=trials, fault_rate=fault_rate, seed=seed)
     bench = benchmark_key(envs, **settings)
-    earlier = {} if rescore else reusable_trials(previous, bench, len(envs) * trials_per_environment(trials, fault_rate))
+    rows_per_agent = len(envs) * trials_per_environment(trials, fault_rate)
+    earlier = {} if rescore else reusable_trials(previous, bench, rows_per_agent)
     frames: list[pl.DataFrame] = []
     scored: list[str] = []
     kept: dict[str, str] = {}
@@ -206,23 +208,22 @@ def score_contestants(contestants: Sequence[Contestant], envs: Sequence[tuple[En
         log("kept from earlier runs (same environments, settings, code and agent): "
             + ", ".join(f"{a} (run {r[:8]})" for a, r in kept.items()))
     table = pl.concat(frames) if frames else pl.DataFrame(schema={**TRIAL_SCHEMA, "run_id": pl.String})
-    return Scoring(table, bench, scored, kept)
+    return Scoring(table, bench, scored, kept, rows_per_agent)
 
 
-def rebase(result: Scoring, previous: pl.DataFrame | None, latest: pl.DataFrame | None, keep_others: Callable[[str], bool],
-           expected_rows: int) -> Scoring:
+def rebase(result: Scoring, previous: pl.DataFrame | None, latest: pl.DataFrame | None, keep_others: Callable[[str], bool]) -> Scoring:
     """``result`` (planned on ``previous``) with the agents another run wrote to the table while this one scored (an
     endpoint scored by a second `cowork eval` at the same time; ``latest`` is the table now): those of the same
     benchmark, scored by a run ``previous`` did not know, that ``keep_others`` keeps and this run neither scored nor
     kept are added, so the later of two writers does not drop the earlier one's agents."""
     mine = set(result.scored) | set(result.kept)
     known = set(previous["run_id"]) if previous is not None and "run_id" in previous.columns else set()
-    added = {a: rows for a, rows in reusable_trials(latest, result.benchmark_key, expected_rows).items()
+    added = {a: rows for a, rows in reusable_trials(latest, result.benchmark_key, result.rows_per_agent).items()
              if a not in mine and keep_others(a) and rows["run_id"][0] not in known}
     if not added:
         return result
     return Scoring(pl.concat([result.trials, *added.values()]), result.benchmark_key, result.scored,
-                   {**result.kept, **{a: rows["run_id"][0] for a, rows in added.items()}})
+                   {**result.kept, **{a: rows["run_id"][0] for a, rows in added.items()}}, result.rows_per_agent)
 
 
 def aggregate(trials: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:

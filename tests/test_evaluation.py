@@ -328,10 +328,10 @@ def test_rebase_keeps_what_a_concurrent_run_added(env, sandbox):
     theirs = score_contestants([idle("student"), idle("endpoint:a", True)], envs, sandbox, run_id="run-2", previous=first.trials, **kw)
     mine = score_contestants([idle("student"), idle("endpoint:b", True)], envs, sandbox, run_id="run-3", previous=first.trials, **kw)
     is_endpoint = lambda a: a.startswith("endpoint:")  # noqa: E731
-    merged = rebase(mine, first.trials, theirs.trials, is_endpoint, 2)
+    merged = rebase(mine, first.trials, theirs.trials, is_endpoint)
     assert set(merged.trials["agent"]) == {"student", "endpoint:a", "endpoint:b"} and merged.kept["endpoint:a"] == "run-2"
     assert merged.trials.filter(pl.col("agent") == "student").height == 2  # not twice
-    assert rebase(mine, first.trials, theirs.trials, lambda a: False, 2).trials.height == mine.trials.height  # dropping earlier ones
+    assert rebase(mine, first.trials, theirs.trials, lambda a: False).trials.height == mine.trials.height  # dropping earlier ones
     # an agent the plan already knew (and chose to leave out, e.g. --rescore) does not come back
     again = score_contestants([idle("student")], envs, sandbox, run_id="run-4", previous=theirs.trials, rescore=True, **kw)
-    assert set(rebase(again, theirs.trials, theirs.trials, is_endpoint, 2).trials["agent"]) == {"student"}
+    assert set(rebase(again, theirs.trials, theirs.trials, is_endpoint).trials["agent"]) == {"student"}
