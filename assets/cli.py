@@ -87,6 +87,8 @@ def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
                         "trials when its checkpoint, the environments, the settings and the code are unchanged)")
     b.add_argument("--drop-earlier-endpoints", action="store_true",
                    help="leave out endpoints scored by earlier runs and not given now (default: they stay in the comparison)")
+    b.add_argument("--forget-endpoint", action="append", default=[], metavar="LABEL",
+                   help="leave out this endpoint scored by an earlier run (repeat for several; the others stay)")
 
 
 def _add_teacher_args(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +116,8 @@ def _agents(args: argparse.Namespace) -> Any:
                                                       concurrency=args.endpoint_concurrency, max_tokens=args.endpoint_max_tokens)
                                        for u, m, n in zip(endpoints, args.endpoint_model, names)],
                             teacher=teacher, response_cache=not getattr(args, "no_agent_cache", False),
-                            rescore=getattr(args, "rescore", False), keep_earlier_endpoints=not getattr(args, "drop_earlier_endpoints", False))
+                            rescore=getattr(args, "rescore", False), keep_earlier_endpoints=not getattr(args, "drop_earlier_endpoints", False),
+                            forget_endpoints=getattr(args, "forget_endpoint", []))
     agents.build_teacher()
     agents.build()
     return agents

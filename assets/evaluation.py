@@ -82,20 +82,17 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
     remote = [Contestant(a.name, ckpt_id, a.key(), build=lambda a=a: a, config=a.describe(), always=True) for ckpt_id, a in endpoints]
     teacher = Contestant("teacher:embedded", "teacher-embedded", TEACHER_KEY, per_environment=EmbeddedTeacher)
 
-    def keep_endpoint(agent: str) -> bool:  # endpoints scored by other runs on the same benchmark stay in the comparison
-        return agents.keep_earlier_endpoints and agent.startswith("endpoint:")
-
     previous = _previous_scores(context, lk)
     with Sandbox(workers=profile.sandbox_workers) as sb:
         # an agent unchanged since an earlier run scored it on these very environments keeps those trials
         result = score_contestants([*students, *remote, teacher], envs, sb, run_id=context.run.run_id, trials=profile.eval_trials,
                                    fault_rate=profile.eval_fault_rate, seed=profile.seed, previous=previous,
                                    rescore=agents.rescore, log=context.log.info,
-                                   keep_others=keep_endpoint)
+                                   keep_others=agents.keeps_earlier)
     for _, a in endpoints:
         context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
     # another run may have written the table meanwhile (a second `cowork eval`): keep what it added
-    result = rebase(result, previous, _previous_scores(context, lk), keep_endpoint)
+    result = rebase(result, previous, _previous_scores(context, lk), agents.keeps_earlier)
     trials = result.trials
     table = comparison_table(trials)
     text = report(trials, f"Benchmark report (profile {profile.name}, run {context.run.run_id[:8]})")

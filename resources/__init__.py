@@ -130,7 +130,11 @@ class EndpointConfig(dg.Config):
 
     def label(self) -> str:
         """The endpoint's id in the lake (checkpoint_id endpoint-<label>): no ':' (score ids are ':'-separated)."""
-        return re.sub(r"[^A-Za-z0-9._-]+", "-", self.name or self.model).strip("-") or "model"
+        return endpoint_label(self.name or self.model)
+
+
+def endpoint_label(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
 
 
 _AGENTS_ENV = "COWORK_AGENTS"  # how `cowork ui` hands its endpoint and teacher flags to the code location (JSON)
@@ -150,6 +154,12 @@ class AgentsResource(dg.ConfigurableResource):
     # and those scored by earlier runs stay in the comparison unless keep_earlier_endpoints is off
     rescore: bool = False
     keep_earlier_endpoints: bool = True
+    forget_endpoints: list[str] = Field(default_factory=list)  # labels (or names) of earlier endpoints to leave out
+
+    def keeps_earlier(self, agent: str) -> bool:
+        """Whether an endpoint scored by an earlier run, and not configured now, stays in benchmark_scores."""
+        forgotten = {f"endpoint:{endpoint_label(n.removeprefix('endpoint:'))}" for n in self.forget_endpoints}
+        return self.keep_earlier_endpoints and agent.startswith("endpoint:") and agent not in forgotten
 
     def build(self) -> list[tuple[str, Any]]:
         """(checkpoint id, agent) per endpoint; a bad URL or setting raises ValueError."""
@@ -181,12 +191,13 @@ class AgentsResource(dg.ConfigurableResource):
                            max_retries=e.max_retries, cache_dir=cache)
 
     def to_env(self) -> dict[str, str]:
-        if not self.endpoints and self.teacher is None and not self.rescore and self.keep_earlier_endpoints:
+        if not self.endpoints and self.teacher is None and not self.rescore and self.keep_earlier_endpoints and not self.forget_endpoints:
             return {}
         return {_AGENTS_ENV: json.dumps({"endpoints": [e.model_dump() for e in self.endpoints],
                                          "teacher": self.teacher.model_dump() if self.teacher is not None else None,
                                          "response_cache": self.response_cache, "rescore": self.rescore,
-                                         "keep_earlier_endpoints": self.keep_earlier_endpoints})}
+                                         "keep_earlier_endpoints": self.keep_earlier_endpoints,
+                                         "forget_endpoints": self.forget_endpoints})}
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "AgentsResource":
@@ -197,7 +208,8 @@ class AgentsResource(dg.ConfigurableResource):
             return cls(endpoints=[EndpointConfig(**e) for e in given.get("endpoints") or []],
                        teacher=EndpointConfig(**given["teacher"]) if given.get("teacher") else None,
                        response_cache=bool(given.get("response_cache", True)), rescore=bool(given.get("rescore", False)),
-                       keep_earlier_endpoints=bool(given.get("keep_earlier_endpoints", True)))
+                       keep_earlier_endpoints=bool(given.get("keep_earlier_endpoints", True)),
+                       forget_endpoints=list(given.get("forget_endpoints") or []))
         except Exception as e:  # noqa: BLE001 - pydantic's or json's message, with the variable it came from
             raise ValueError(f"invalid agents in {_AGENTS_ENV}: {e}") from None
 

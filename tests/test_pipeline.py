@@ -285,6 +285,10 @@ def test_cowork_eval_keeps_what_has_not_changed_and_rescores_on_request(smoke_ru
     assert meta["scored"].value == ["endpoint:copy-two"] and "endpoint:copy-one" in meta["kept"].value
     assert _trials(second.filter(pl.col("agent") != "endpoint:copy-two")) == _trials(first)
     assert "endpoint:copy-one" in meta["comparison"].value and "endpoint:copy-two" in meta["comparison"].value
+    # one earlier endpoint left out by its label, the others kept
+    forgot, meta = scored_run("--endpoint-name", "copy three", "--forget-endpoint", "copy one")
+    endpoints = lambda df: {a for a in df["agent"].unique() if a.startswith("endpoint:")}  # noqa: E731
+    assert endpoints(forgot) == endpoints(second) - {"endpoint:copy-one"} | {"endpoint:copy-three"}
     third, meta = scored_run("--endpoint-name", "copy two", "--drop-earlier-endpoints")
     assert {a for a in third["agent"].unique() if a.startswith("endpoint:")} == {"endpoint:copy-two"}
     # everyone again: other run ids, the same outcomes
