@@ -73,8 +73,9 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
             context.log.warning(f"rl_checkpoints not used: {e}")
     device = compute.resolve()
     endpoints = agents.build()
+    libs = _libraries()
     students = [Contestant(f"{r['kind']}:{r['checkpoint_id']}", r["checkpoint_id"],
-                           checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device, libs=_libraries()),
+                           checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device, libs=libs),
                            build=lambda r=r: HFAgent(r["path"], device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed),
                            config={"path": r["path"], "max_new_tokens": profile.max_new_tokens, "device": device})
                 for r in _agents(ckpts)]

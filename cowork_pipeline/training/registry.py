@@ -9,11 +9,16 @@ from pathlib import Path
 from typing import Any
 
 
+def _files(p: Path) -> list[Path]:
+    """The checkpoint's files: every file under a directory (sorted), or the path itself."""
+    return sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+
+
 def trained_at(path: str) -> float:
     """When the checkpoint at ``path`` was last written (its newest file); -1 when it is not on this machine."""
     p = Path(path)
     try:
-        files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p]
+        files = _files(p)
         return max(f.stat().st_mtime for f in files) if files else p.stat().st_mtime
     except (OSError, ValueError):
         return -1.0
@@ -41,8 +46,8 @@ def checkpoint_key(row: dict[str, Any], **settings: Any) -> str:
     files: list[tuple[str, int, int]] = []
     p = Path(str(row.get("path") or ""))
     try:
-        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
-            if f.is_file():
+        for f in _files(p):
+            if f.is_file():  # (the path itself may be missing)
                 st = f.stat()
                 files.append((str(f.relative_to(p)) if p.is_dir() else f.name, st.st_size, st.st_mtime_ns))
     except OSError:
