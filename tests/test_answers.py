@@ -78,6 +78,10 @@ RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 
     (RIGHT.replace("2026-01-21", "21.01.2026"), True),
     (RIGHT.replace("2026-01-21", "22/01/2026"), False),
     (RIGHT.replace("2026-02-15", "15/02/2025"), False),
+    # ... and without the year (1/21 or 21/01; 21.01 is no date here, it could be an amount)
+    (RIGHT.replace("2026-01-21", "1/21").replace("2026-02-15", "15/02"), True),
+    (RIGHT.replace("2026-01-21", "1/22"), False),
+    ("INV-2286 (8,350.00 USD, due 2/15) and INV-9526 (2,100.00 USD, due 1/21) are overdue.", False),  # dates swapped
     # a total it gives is the sum of its amounts
     (RIGHT + "\nTotal: 10,540.00 USD.", False),
     ("Two invoices, 10,450 USD in all: INV-2286 (8,350.00) and INV-9526 (2,100.00).", True),

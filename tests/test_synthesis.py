@@ -289,14 +289,20 @@ def test_typographic_punctuation_reads_as_typed():
     assert not _run_check(code, _sent_evidence("Invoice INV-1234", "INV-1234 is 4,830.00 USD, but I couldn\u2019t save it."))
 
 
-def test_a_date_as_numbers_with_its_year_states_it_either_way_round():
+def test_a_date_as_numbers_states_it_either_way_round_with_or_without_its_year():
     """``when``: 05/03/2026 is March 5 to a European reader and 03/05/2026 to an American one; both state
-    2026-03-05 (as does 05.03.2026). A day off, another year or no year at all does not."""
+    2026-03-05 (as does 05.03.2026), and so do the same without the year, as people write them ("Thursday 3/5",
+    "05/03", "am 05.03."), like "March 5" in words. A day off or another year does not, nor a number that only
+    contains the date ("13/5", "3/5/2027", "2025/3/5")."""
     when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "15:00"}}))
-    for text in ("Design critique moves to 05/03/2026 at 15:00.", "Design critique: 3/5/2026, 3pm", "Design critique: 05.03.2026 15:00"):
+    for text in ("Design critique moves to 05/03/2026 at 15:00.", "Design critique: 3/5/2026, 3pm", "Design critique: 05.03.2026 15:00",
+                 "Design critique: 05/03 at 15:00", "Design critique moves to Thursday 3/5, 3pm.", "Design critique: 03/05 15:00",
+                 "Design critique am 05.03. um 15:00", "Design critique (3/5) at 15:00"):
         assert _run_check(when, _sent_evidence("Moved", text)), text
-    for text in ("Design critique moves to 06/03/2026 at 15:00.", "Design critique: 05/03/2025, 3pm", "Design critique: 05/03 at 15:00",
-                 "Design critique: 15/03/2026 at 15:00"):
+    for text in ("Design critique moves to 06/03/2026 at 15:00.", "Design critique: 05/03/2025, 3pm", "Design critique: 05/03/2027 at 15:00",
+                 "Design critique: 15/03/2026 at 15:00", "Design critique: 3/6 at 15:00", "Design critique: 13/5 at 15:00",
+                 "Design critique: 3/5/2027 at 15:00", "Design critique: 2025/3/5 at 15:00", "Design critique: 05.03.2027 15:00",
+                 "Design critique: 06.03. um 15:00", "Design critique: 3/50 at 15:00", "Design critique: 1.5.03. 15:00"):
         assert not _run_check(when, _sent_evidence("Moved", text)), text
 
 
@@ -323,6 +329,13 @@ def test_a_weekday_that_contradicts_its_date_fails():
                  "Design critique: 05.03.2026 (Friday) 15:00"):
         assert not _run_check(when, _sent_evidence("Moved", text)), text
     assert not _run_check(notice, _sent_evidence("Off", "Design critique on Tuesday 04/03/2026 is cancelled."))
+    # ... and without the year when ``when`` gives it (dotted: day first, and no date at all when it cannot be one)
+    for text in ("Design critique: Thursday 3/5 at 15:00.", "Design critique: Thu 05/03, 3pm", "Design critique: 3/5 (Thursday) 15:00",
+                 "Design critique am Thursday 05.03. at 15:00", "Design critique: 3/5 at 15:00, after Thursday 10.30. standup"):
+        assert _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique: Friday 3/5 at 15:00.", "Design critique: Fri 05/03, 3pm", "Design critique: 3/5 (Wednesday) 15:00",
+                 "Design critique am Sunday 05.03. at 15:00", "Design critique: 05.03. (Sunday) 15:00"):
+        assert not _run_check(when, _sent_evidence("Moved", text)), text
 
 
 @pytest.mark.parametrize("text, ok", [
@@ -847,6 +860,24 @@ def test_planted_overstrict_checker_is_caught(validator, outcomes, cid, item, co
     blind = [d for d in cert.diagnostics if d.code == "mutation_survived" and d.detail.get("operator") in ("wrong_mention", "misstated_value")]
     [d] = [d for d in cert.diagnostics if d not in blind]
     assert d.code == "overstrict_checker" and d.item == item and "another way" in d.message, cert.diagnostics
+
+
+def test_a_checker_that_wants_the_reference_date_verbatim_is_overstrict(validator, outcomes):
+    """certify-11: the equivalent variant writes the dates in messages in words (2026-03-05 -> March 5, 2026), so
+    a message check that also looks for the ISO date as the reference wrote it is caught as overstrict, and
+    nothing else about it is reported; the generated check itself passes that variant."""
+    spec = certified_spec(outcomes, "meeting_reschedule")
+    item = "attendees_told"
+    day = spec.facts["checks"][item]["params"]["when"]["date"]
+    [original] = [r.code for r in spec.rubric if r.id == item]
+    code = (original.replace("def check(ev):", "def _generated(ev):") + "\n\ndef check(ev):\n"
+            "    sent = [m for m in ev['diff'].get('mail.messages', {}).get('added', {}).values() if m['folder'] == 'sent']\n"
+            f"    return _generated(ev) and any({day!r} in m['body'] for m in sent)\n")
+    cert = validator.certify(planted(with_item_code(spec, item, code)))
+    assert cert.reference_pass and not cert.certified and not cert.equivalent_pass
+    [d] = cert.diagnostics
+    assert d.code == "overstrict_checker" and d.item == item and "dates in messages written in words" in d.message, d
+    assert validator.certify(planted(spec)).certified
 
 
 def test_certified_environments_pass_the_equivalent_variant(outcomes):
@@ -2268,6 +2299,49 @@ def ctl_dates_as_numbers(spec, turns, ref):
         yield "dates as '05/03/2026'", prog
 
 
+def ctl_dates_without_a_year(spec, turns, ref):
+    """CONTROL: ISO dates in messages and answers written as numbers without the year, month first (2026-03-05 ->
+    3/5, as in "Thursday 3/5 at 14:00 UTC") or day first with dots (05.03.). Must still pass."""
+    for name, fmt in (("m/d", lambda x: f"{int(x.group(2))}/{int(x.group(3))}"), ("dd.mm.", lambda x: f"{x.group(3)}.{x.group(2)}.")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t))
+        if prog:
+            yield f"dates as '{name}'", prog
+
+
+def op_date_without_a_year_a_day_late(spec, turns, ref):
+    """A message's dates as numbers month first without the year, a day late (2026-03-05 -> 3/6)."""
+    def late(x):
+        d = datetime(int(x.group(1)), int(x.group(2)), int(x.group(3))) + timedelta(days=1)
+        return f"{d.month}/{d.day}"
+    prog = _retyped(spec, turns, lambda t: _ISO_DAY.sub(late, t), answers=False)
+    if prog:
+        yield "dates as 'm/d', a day late", prog
+
+
+def op_dates_as_numbers_a_year_off(spec, turns, ref):
+    """A message's dates as numbers with the next year (2026-03-05 -> 3/5/2027 and 05.03.2027): day and month right."""
+    for name, fmt in (("m/d/yyyy", lambda x: f"{int(x.group(2))}/{int(x.group(3))}/{int(x.group(1)) + 1}"),
+                      ("dd.mm.yyyy", lambda x: f"{x.group(3)}.{x.group(2)}.{int(x.group(1)) + 1}")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t), answers=False)
+        if prog:
+            yield f"dates as '{name}', a year late", prog
+
+
+_WEEKDAY_BESIDE_A_DAY = re.compile(r"\b(%s)(,? (?:the )?)(20[0-9]{2})-([01][0-9])-([0-3][0-9])\b" % "|".join(_WEEKDAYS))
+
+
+def op_weekday_wrong_beside_a_date_without_a_year(spec, turns, ref):
+    """A message's weekday next to a date made the next one, the date written month first without the year
+    ("Thursday 2026-03-05" -> "Friday 3/5")."""
+    def wrong(x):
+        return f"{_WEEKDAYS[(_WEEKDAYS.index(x.group(1)) + 1) % 7]}{x.group(2)}{int(x.group(4))}/{int(x.group(5))}"
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _WEEKDAY_BESIDE_A_DAY.search(text):
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = _ISO_DAY.sub(lambda x: f"{int(x.group(2))}/{int(x.group(3))}", _WEEKDAY_BESIDE_A_DAY.sub(wrong, text))
+            yield f"{turns[ti][si][0]}.{k}: {_WEEKDAY_BESIDE_A_DAY.search(text).group(0)} -> next weekday, m/d", _program(spec, m)
+
+
 def ctl_first_names(spec, turns, ref):
     """CONTROL: people named in messages by first name alone where nobody else in the world has it ('Lukas'
     for 'Lukas Tanaka'; never the user, whose sign-off carries theirs). Must still pass."""
@@ -2785,6 +2859,10 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "dates_as_numbers (control)": ctl_dates_as_numbers, "markdown_emphasis (control)": ctl_markdown_emphasis,
              "typographic_punctuation (control)": ctl_typographic_punctuation,
              "reply_quotes_the_original (control)": ctl_reply_quotes_the_original,
+             "dates_without_a_year (control)": ctl_dates_without_a_year,
+             "date_without_a_year_a_day_late": op_date_without_a_year_a_day_late,
+             "dates_as_numbers_a_year_off": op_dates_as_numbers_a_year_off,
+             "weekday_wrong_beside_a_date_without_a_year": op_weekday_wrong_beside_a_date_without_a_year,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 

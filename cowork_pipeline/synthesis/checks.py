@@ -115,16 +115,25 @@ def _weekday_clash(t, year):
     # a date as numbers reads day first or month first: the weekday beside it must fit one reading ("friday
     # 05/03/2026" fits neither thursday march 5 nor sunday may 3)
     numeric = "([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])"
-    for pattern, w, g in ((wd + "[ ]+(?:the[ ]+)?" + numeric, 1, 2), (numeric + "[ ]*[(]?" + wd, 4, 1)):  # (weekday's group, the date's first)
+    found = [(wd + "[ ]+(?:the[ ]+)?" + numeric, 1, 2), (numeric + "[ ]*[(]?" + wd, 4, 1)]  # (weekday's group, the date's first)
+    if year:
+        # without the year: "friday 3/5" either way round, "freitag 05.03." day first ("thursday 10.30." is a time)
+        short = "(?<![0-9./])([0-9]{1,2})(/|[.])([0-9]{1,2})[.]?(?![0-9]|[/.][0-9])"
+        found = found + [(wd + "[ ]+(?:the[ ]+)?" + short, 1, -2), (short + "[ ]*[(]?" + wd, 4, -1)]
+    for pattern, w, g in found:
         for m in re.finditer(pattern, t):
-            a, b, y = m.group(g), m.group(g + 1), m.group(g + 2)
-            fits = False
-            for mo, d in ((b, a), (a, b)):
+            if g > 0:
+                a, b, y, readings = m.group(g), m.group(g + 1), m.group(g + 2), "md"
+            else:  # (no year group: its second group is the separator)
+                a, b, y, readings = m.group(-g), m.group(-g + 2), year, "m" if m.group(-g + 1) == "." else "md"
+            fits, dated = False, g > 0
+            for mo, d in ((b, a), (a, b))[:len(readings)]:
                 try:
                     fits = fits or days[date(int(y), int(mo), int(d)).weekday()] == m.group(w)
+                    dated = True
                 except ValueError:
                     pass
-            if not fits:
+            if dated and not fits:
                 return True
     return False
 
@@ -192,7 +201,8 @@ def _mentions(text, forms, word="0-9a-z", utc=False):
     said = False
     for f in found:
         # (an ISO timestamp's "t" joins its date and time without running them into one word: 2026-03-04t14:00)
-        for m in re.finditer("(?:(?<![" + word + ":])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "])|(?=t[0-9]))", t):
+        # (nor a number's part: "3/5" is not said by "13/5", "2026/3/5" or "3/5/2027")
+        for m in re.finditer("(?:(?<![" + word + ":])(?<![0-9][/.])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "]|[/.][0-9])|(?=t[0-9]))", t):
             if not utc:
                 return True
             if _zoned(t[m.end():m.end() + 40]):
@@ -338,6 +348,9 @@ def _dated(text, pairs):
         # 21/01/2026, 01/21/2026, 21.01.2026: day or month first, either reading may be the record's
         for m in re.finditer("(?<![0-9./])([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])", part):
             found = found + [(m.start(), (m.group(3), int(m.group(2)), int(m.group(1)), 1))]
+        # 21/01 or 1/21 without the year (not 21.01: an amount)
+        for m in re.finditer("(?<![0-9./])([0-9]{1,2})/([0-9]{1,2})(?![0-9]|[/.][0-9])", part):
+            found = found + [(m.start(), ("", int(m.group(2)), int(m.group(1)), 1))]
         found = sorted(found)
         for name, (y, mo, d, either) in _attributed(part, names, found, False):
             iso = pairs.split("|")[names.index(name)].split("=")[1]
@@ -523,6 +536,9 @@ def date_forms(iso: str) -> list[str]:
     for a, b in ((d, m), (m, d)):
         forms += [f"{a:02d}/{b:02d}/{y}", f"{a}/{b}/{y}"]
     forms += [f"{d:02d}.{m:02d}.{y}", f"{d}.{m}.{y}"]
+    # and without the year, as in "thursday 3/5" or "am 05.03." (a year written after them must be the right one:
+    # _mentions does not take "3/5" out of "3/5/2027")
+    forms += [f"{m}/{d}", f"{m:02d}/{d:02d}", f"{d}/{m}", f"{d:02d}/{m:02d}", f"{d:02d}.{m:02d}."]
     # (repeats kept: a list of one length for every date keeps every checker of a template on one compiled skeleton)
     return forms
 

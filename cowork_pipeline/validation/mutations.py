@@ -601,9 +601,10 @@ def _other_offset(v: str) -> str:
 
 def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
     """The reference's work done another correct way, which every item must still pass: each read-only
-    call made twice, date-times given as the same instants in another UTC offset, amounts in messages
-    written as people write them ($18,814.00). A checker that fails it is overfitted to the reference's
-    exact calls or strings (it counts look-ups, compares times as text, looks for "18814.00")."""
+    call made twice, date-times given as the same instants in another UTC offset, amounts and dates in messages
+    written as people write them ($18,814.00, March 5, 2026). A checker that fails it is overfitted to the
+    reference's exact calls or strings (it counts look-ups, compares times as text, looks for "18814.00" or
+    "2026-03-05")."""
     turns: list[list[Step]] = []
     what: set[str] = set()
     for t in base:
@@ -619,9 +620,14 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
                 if p.format == "date-time" and isinstance(v, str) and _other_offset(v) != v:
                     args[p.name] = _other_offset(v)
                     what.add("times in UTC+02:00")
-                elif p.name in ("body", "text") and isinstance(v, str) and _MONEY.search(v):
-                    args[p.name] = _MONEY.sub(lambda m: f"${int(m.group(1)):,}.{m.group(2)}", v)
-                    what.add("amounts written as $1,234.00")
+                elif p.name in ("body", "text") and isinstance(v, str):
+                    if _MONEY.search(v):
+                        v = _MONEY.sub(lambda m: f"${int(m.group(1)):,}.{m.group(2)}", v)
+                        what.add("amounts written as $1,234.00")
+                    if _ISO_DATE.search(v):
+                        v = _ISO_DATE.sub(lambda m: _in_words(m.group(1)), v)
+                        what.add("dates in messages written in words")
+                    args[p.name] = v
             step = Step(tool=s.tool, args=args) if args != s.args else s
             steps.append(step)
             if not tool.mutates:
