@@ -367,6 +367,22 @@ def test_a_weekday_that_contradicts_its_date_fails():
     ("Design critique moves to 2026-03-05 at 15:00 UTC, 15:00 London time.", True),  # GMT in March
     ("Design critique moves to 2026-03-05 at 15:00 (Europe/London).", True),
     ("Design critique moves to 2026-03-05 at 15:00 UTC in the Berlin room.", True),  # a room, not a clock
+    # a range: the zone after its end is its start's too; a range sharing its am/pm gives both ends
+    ("Design critique moves to 2026-03-05, 15:00-15:30 CET.", False),
+    ("Design critique moves to 2026-03-05, 15:00 - 15:30 Berlin time.", False),
+    ("Design critique moves to March 5, 3-3:30pm CET.", False),
+    ("Design critique moves to March 5, 3pm to 4pm (UTC+1).", False),
+    ("Design critique moves to March 5, 15:00 until 16:00 ET.", False),
+    ("Design critique moves to March 5, 3-3:30pm UTC.", True),
+    ("Design critique moves to Thursday 3/5, 3\u20134 pm UTC.", True),
+    ("Design critique moves to March 5, 3:00 - 3:30 p.m. UTC.", True),
+    ("Design critique moves to Thursday, March 5 - 3:00 PM UTC.", True),  # a day, a dash, the time: no range
+    ("Design critique moves to March 5, 2-3pm UTC.", False),  # 2pm, not 3pm: a range's end is not its start
+    ("Design critique moves to 2026-03-05, 14:00-15:00 UTC.", False),
+    ("Design critique moves to 2026-03-05, from 2 pm to 3 pm UTC.", False),
+    ("Design critique moves to 2026-03-05 15:00Z.", True),  # Z: UTC
+    ("Design critique moves to 2026-03-05 15:00z, room B.", True),
+    ("Design critique moves to 2026-03-05 15:00zone B.", False),
 ])
 def test_a_utc_time_on_another_clock_fails(text, ok):
     """``when`` times are UTC (every capability asks in UTC): the time labelled with another zone or offset is
@@ -2747,6 +2763,47 @@ def ctl_utc_time_and_the_readers_in_a_named_zone(spec, turns, ref):
         yield "UTC times with Berlin and London times beside them", prog
 
 
+def _range(m, sep="-"):
+    """'14:00 UTC' as a range of an hour from it: ('14:00-15:00', '2-3pm'), the zone left to the caller."""
+    h, mm = int(m.group(1)), m.group(2)
+    end = (h + 1) % 24
+    twelve = f"{h % 12 or 12}{':' + mm if mm != '00' else ''}{sep}{end % 12 or 12}{':' + mm if mm != '00' else ''}{'pm' if end >= 12 else 'am'}"
+    return f"{h:02d}:{mm}{sep}{end:02d}:{mm}", twelve
+
+
+def op_time_range_on_another_clock(spec, turns, ref):
+    """Every UTC time in the messages and answers given as a range of an hour on another clock, the zone after the
+    range's end ("14:00 UTC" -> "14:00-15:00 CET", "2-3pm Berlin time", "14:00 to 15:00 (UTC+1)"): another instant."""
+    for name, fmt in (("hh:mm-hh:mm CET", lambda m: f"{_range(m)[0]} CET"), ("h-hpm Berlin time", lambda m: f"{_range(m)[1]} Berlin time"),
+                      ("hh:mm to hh:mm (UTC+1)", lambda m: f"{_range(m, ' to ')[0]} (UTC+1)")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
+        if prog:
+            yield f"times as {name}", prog
+
+
+def op_time_range_ending_at_it(spec, turns, ref):
+    """Every UTC time in the messages and answers given as the end of a range that starts an hour earlier ("14:00
+    UTC" -> "13:00-14:00 UTC", "1-2pm UTC"): the meeting told to start an hour early."""
+    def early(m, twelve):
+        h = (int(m.group(1)) - 1) % 24
+        return _range(re.match(r"(\d+):(\d+)", f"{h:02d}:{m.group(2)}"))[twelve] + " UTC"
+    for name, twelve in (("hh:mm-hh:mm UTC", 0), ("h-hpm UTC", 1)):
+        prog = _retyped(spec, turns, lambda t, twelve=twelve: _UTC_TIME.sub(lambda m: early(m, twelve), t))
+        if prog:
+            yield f"times as the end of {name}", prog
+
+
+def ctl_utc_time_as_a_range(spec, turns, ref):
+    """CONTROL: every UTC time in the messages and answers given as a range of an hour from it ("14:00 UTC" ->
+    "14:00-15:00 UTC", "2-3pm UTC", "2pm to 3pm UTC") or with a Z ("14:00Z"). Must still pass."""
+    for name, fmt in (("hh:mm-hh:mm UTC", lambda m: f"{_range(m)[0]} UTC"), ("h-hpm UTC", lambda m: f"{_range(m)[1]} UTC"),
+                      ("h\u2013hpm UTC", lambda m: f"{_range(m, chr(0x2013))[1]} UTC"),
+                      ("hh:mmZ", lambda m: f"{m.group(1)}:{m.group(2)}Z")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
+        if prog:
+            yield f"times as {name}", prog
+
+
 def ctl_utc_as_an_iso_timestamp(spec, turns, ref):
     """CONTROL: every dated UTC time in the messages and answers as an ISO timestamp ("2026-03-04 at 14:00 UTC"
     -> "2026-03-04T14:00:00Z"), a time alone as "14:00 GMT". Must still pass."""
@@ -2837,6 +2894,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_cards_amounts_swapped": op_answer_cards_amounts_swapped,
              "time_on_another_clock": op_time_on_another_clock, "time_on_the_readers_clock": op_time_on_the_readers_clock,
              "time_in_a_named_zone": op_time_in_a_named_zone,
+             "time_range_on_another_clock": op_time_range_on_another_clock, "utc_time_as_a_range (control)": ctl_utc_time_as_a_range,
+             "time_range_ending_at_it": op_time_range_ending_at_it,
              "utc_time_and_the_readers_in_a_named_zone (control)": ctl_utc_time_and_the_readers_in_a_named_zone,
              "reports_failure": op_reports_failure, "nothing_else_found (control)": ctl_nothing_else_found,
              "answer_with_a_wrong_total": op_answer_with_a_wrong_total, "answer_dates_as_numbers (control)": ctl_answer_dates_as_numbers,

@@ -194,17 +194,24 @@ def _same_instant(a, b):
 
 def _mentions(text, forms, word="0-9a-z", utc=False):
     t = " ".join(_low(text).replace(",", " ").split())
+    if utc and "-" in t and "m" in t:  # a range sharing its am/pm, "3-3:30pm", gives both ends: "3pm-3:30pm"
+        import re
+        # (a bare start only right at the dash: in "march 5 - 3pm" the 5 is a day)
+        t = re.sub("(?<![0-9:./-])([0-9]{1,2}:[0-9]{2}[ ]*-[ ]*|[0-9]{1,2}-)([0-9]{1,2}(?::[0-9]{2})?)[ ]*([ap][.]?m[.]?)(?![a-z])",
+                   lambda m: m.group(1).rstrip(" -") + m.group(3) + "-" + m.group(2) + m.group(3), t)
     found = [f for f in forms if f in t]  # plain substring first; the regex only confirms word edges
     if not found:
         return False
     import re
     said = False
     for f in found:
-        # (an ISO timestamp's "t" joins its date and time without running them into one word: 2026-03-04t14:00)
-        # (nor a number's part: "3/5" is not said by "13/5", "2026/3/5" or "3/5/2027")
-        for m in re.finditer("(?:(?<![" + word + ":])(?<![0-9][/.])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "]|[/.][0-9])|(?=t[0-9]))", t):
+        # (an ISO timestamp's "t" joins its date and time without running them into one word: 2026-03-04t14:00, and
+        # a "z" ends a utc time: 14:00z; nor is a number's part said: "3/5" is not in "13/5", "2026/3/5" or "3/5/2027")
+        for m in re.finditer("(?:(?<![" + word + ":])(?<![0-9][/.])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "]|[/.][0-9])|(?=t[0-9])|(?<=[0-9])(?=z(?![0-9a-z])))", t):
             if not utc:
                 return True
+            if re.search("(?<![0-9])(?:[0-9]{1,2}:[0-9]{2}|[0-9]{1,2}[ ]*[ap][.]?m[.]?)[ ]*(?:-|to|until|till)[ ]*$", t[max(0, m.start() - 16):m.start()]):
+                continue  # a range's end, "14:00-15:00": not the time it starts
             if _zoned(t[m.end():m.end() + 40]):
                 return False  # a utc time given on another clock anywhere in the text: another instant
             said = True
@@ -219,7 +226,9 @@ def _zoned(after):
     # never one on utc in march (london, lisbon, dublin, reykjavik, accra)
     places = "berlin|paris|madrid|rome|amsterdam|brussels|vienna|zurich|geneva|munich|frankfurt|stockholm|oslo|copenhagen|warsaw|prague|budapest|athens|helsinki|kyiv|istanbul|moscow|dubai|india|mumbai|delhi|bangalore|singapore|hong kong|shanghai|beijing|china|tokyo|japan|seoul|korea|sydney|melbourne|auckland|new york|boston|washington|toronto|chicago|denver|phoenix|los angeles|san francisco|seattle|vancouver|mexico city|sao paulo|buenos aires|johannesburg|cairo|tel aviv|eastern|central|mountain|pacific|atlantic|alaska|hawaii|central european|eastern european|western european|us eastern|us pacific|us central|us mountain"
     named = "(?:in )?(?:" + places + ")(?: standard| daylight| summer)? time|(?:europe|america|asia|australia|africa|pacific|atlantic|indian)/(?!london|lisbon|dublin|reykjavik|accra|abidjan)[a-z_]+"
-    return re.match("(?::[0-9]{2}(?:[.][0-9]+)?[+-]0*[1-9]|[ ]?[+](?:0[1-9]|1[0-4]):?[0-9]{2}(?![0-9])|[ ]*[(]?(?:(?:utc|gmt)[+-]0*[1-9]|" + named + "|(?:" + zones + ")(?![a-z])))", after) is not None
+    # the zone may follow a range's end: "15:00-15:30 cet", "3pm to 4pm berlin time", "15:00 - 16:00 (utc+1)"
+    span = "(?:[ ]*(?:-|to|until|till)[ ]*[0-9]{1,2}(?:[:.][0-9]{2})?(?:[ ]*[ap][.]?m[.]?)?)?"
+    return re.match("(?::[0-9]{2}(?:[.][0-9]+)?[+-]0*[1-9]|" + span + "(?:[ ]?[+](?:0[1-9]|1[0-4]):?[0-9]{2}(?![0-9])|[ ]*[(]?(?:(?:utc|gmt)[+-]0*[1-9]|" + named + "|(?:" + zones + ")(?![a-z]))))", after) is not None
 
 def _stray_ids(text, shape, right):
     t = _low(text)
