@@ -270,8 +270,12 @@ def test_a_message_hedging_a_time_or_date_fails_even_where_it_need_not_state_one
     for text in ("Design critique moves to March 5th at 3pm.", "Design critique: 2026-03-05 15:00 UTC / 16:00 CET", "Design critique: 2026-03-05, 15:00 or later"):
         assert _run_check(when, _sent_evidence("Moved", text)), text
     for text in ("Design critique moves to March 5th at 3pm or 4pm.", "Design critique: 2026-03-05 or 2026-03-06 at 15:00",
-                 "Design critique: March 4 or March 5, 15:00", "Design critique: March 5 or 6, 15:00", "Design critique: 5th or 6th of March, 15:00"):
+                 "Design critique: March 4 or March 5, 15:00", "Design critique: March 5 or 6, 15:00", "Design critique: 5th or 6th of March, 15:00",
+                 "Design critique moves to 3/5 or 3/6 at 15:00 UTC.", "Design critique moves to 05/03/2026 or 06/03/2026 at 15:00 UTC.",
+                 "Design critique moves to 05.03. or 06.03. at 15:00 UTC.", "Design critique moves to 3/5 at 3-4pm or 4-5pm UTC."):
         assert not _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique moves to 3/5 at 3-4pm UTC, or later if the room is busy.", "Design critique: 3/5, 15:00 UTC; 2 or 3 slides each."):
+        assert _run_check(when, _sent_evidence("Moved", text)), text
     assert _run_check(notice, post("Design critique on Wednesday is cancelled; back in 2 or 3 weeks."))
     assert _run_check(notice, post("Design critique on March 4 is cancelled; 2 or 3 marketing people asked why."))
     assert not _run_check(notice, post("Design critique on March 4 or 5 is cancelled."))
@@ -2160,6 +2164,25 @@ def op_hedged_day_of_month(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: {x.group(0)} -> {hedge}", _program(spec, m)
 
 
+def op_hedged_date_as_numbers(spec, turns, ref):
+    """The first date in a message written as numbers without the year, hedged with the next day ('2026-03-04' ->
+    '3/4 or 3/5'), or a time as an am/pm range hedged with the next hour ('14:00 UTC' -> '2-3pm or 3-4pm UTC')."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        x = _ISO_DAY.search(text)
+        if x:
+            d = datetime(int(x.group(1)), int(x.group(2)), int(x.group(3)))
+            n = d + timedelta(days=1)
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = text[:x.start()] + f"{d.month}/{d.day} or {n.month}/{n.day}" + text[x.end():]
+            yield f"{turns[ti][si][0]}.{k}: {x.group(0)} -> m/d or the next day", _program(spec, m)
+        y = _UTC_TIME.search(text)
+        if y:
+            hedge = f"{_range(y)[1]} or {_range(y, shift=1)[1]} UTC"
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = text[:y.start()] + hedge + text[y.end():]
+            yield f"{turns[ti][si][0]}.{k}: {y.group(0)} -> {hedge}", _program(spec, m)
+
+
 def op_forward_without_a_note(spec, turns, ref):
     """A forward sent without its note (the task says to ask the owner something: the bare forward asks nothing)."""
     for ti, si in _write_sites(turns):
@@ -2763,9 +2786,10 @@ def ctl_utc_time_and_the_readers_in_a_named_zone(spec, turns, ref):
         yield "UTC times with Berlin and London times beside them", prog
 
 
-def _range(m, sep="-"):
-    """'14:00 UTC' as a range of an hour from it: ('14:00-15:00', '2-3pm'), the zone left to the caller."""
-    h, mm = int(m.group(1)), m.group(2)
+def _range(m, sep="-", shift=0):
+    """'14:00 UTC' (a _UTC_TIME match) as a range of an hour from it, ``shift`` hours later: ('14:00-15:00', '2-3pm'),
+    the zone left to the caller."""
+    h, mm = (int(m.group(1)) + shift) % 24, m.group(2)
     end = (h + 1) % 24
     twelve = f"{h % 12 or 12}{':' + mm if mm != '00' else ''}{sep}{end % 12 or 12}{':' + mm if mm != '00' else ''}{'pm' if end >= 12 else 'am'}"
     return f"{h:02d}:{mm}{sep}{end:02d}:{mm}", twelve
@@ -2785,8 +2809,7 @@ def op_time_range_ending_at_it(spec, turns, ref):
     """Every UTC time in the messages and answers given as the end of a range that starts an hour earlier ("14:00
     UTC" -> "13:00-14:00 UTC", "1-2pm UTC"): the meeting told to start an hour early."""
     def early(m, twelve):
-        h = (int(m.group(1)) - 1) % 24
-        return _range(re.match(r"(\d+):(\d+)", f"{h:02d}:{m.group(2)}"))[twelve] + " UTC"
+        return _range(m, shift=-1)[twelve] + " UTC"
     for name, twelve in (("hh:mm-hh:mm UTC", 0), ("h-hpm UTC", 1)):
         prog = _retyped(spec, turns, lambda t, twelve=twelve: _UTC_TIME.sub(lambda m: early(m, twelve), t))
         if prog:
@@ -2877,7 +2900,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "polite_but_empty": op_polite_but_empty, "stale_value_after_an_edit": op_stale_value_after_an_edit,
              "secret_figure_in_words": op_secret_figure_in_words, "identifier_typo": op_identifier_typo,
              "currency_swapped": op_currency_swapped, "hedged_amount": op_hedged_amount,
-             "hedged_time_or_date": op_hedged_time_or_date, "hedged_day_of_month": op_hedged_day_of_month,
+             "hedged_time_or_date": op_hedged_time_or_date, "hedged_day_of_month": op_hedged_day_of_month, "hedged_date_as_numbers": op_hedged_date_as_numbers,
              "forward_without_a_note": op_forward_without_a_note, "weekday_wrong": op_weekday_wrong,
              "replaced_line_kept": op_replaced_line_kept, "greets_someone_else": op_greets_someone_else, "created_twice": op_created_twice,
              "choice_swapped": op_choice_swapped, "year_off": op_year_off, "mailed_to_myself": op_mailed_to_myself,
