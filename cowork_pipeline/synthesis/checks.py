@@ -117,7 +117,7 @@ def _weekday_clash(t, year):
     # 05/03/2026" fits neither thursday march 5 nor sunday may 3)
     numeric = "([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])"
     found = [(wd + "[ ]+(?:the[ ]+)?" + numeric, 1, 2), (numeric + "[ ]*[(]?" + wd, 4, 1)]  # (weekday's group, the date's first)
-    if year:
+    if year and ("/" in t or re.search("[0-9][.][0-9]{1,2}[.](?![0-9])", t)):
         # without the year: "friday 3/5" either way round, "freitag 05.03." day first ("thursday 10.30." is a time)
         short = "(?<![0-9./])([0-9]{1,2})(/|[.])([0-9]{1,2})[.]?(?![0-9]|[/.][0-9])"
         found = found + [(wd + "[ ]+(?:the[ ]+)?" + short, 1, -2), (short + "[ ]*[(]?" + wd, 4, -1)]
@@ -195,15 +195,14 @@ def _same_instant(a, b):
 
 def _mentions(text, forms, word="0-9a-z", utc=False):
     t = " ".join(_low(text).replace(",", " ").split())
-    if utc and "-" in t and "m" in t:  # a range sharing its am/pm, "3-3:30pm", gives both ends: "3pm-3:30pm"
-        import re
+    import re
+    if utc and "-" in t and ("pm" in t or "am" in t or ".m" in t) and re.search("[0-9][ ]*[ap][.]?m(?![a-z])", t):  # a range sharing its am/pm, "3-3:30pm", gives both ends: "3pm-3:30pm"
         # (a bare start only right at the dash: in "march 5 - 3pm" the 5 is a day)
         t = re.sub("(?<![0-9:./-])([0-9]{1,2}:[0-9]{2}[ ]*-[ ]*|[0-9]{1,2}-)([0-9]{1,2}(?::[0-9]{2})?)[ ]*([ap][.]?m[.]?)(?![a-z])",
                    lambda m: m.group(1).rstrip(" -") + m.group(3) + "-" + m.group(2) + m.group(3), t)
     found = [f for f in forms if f in t]  # plain substring first; the regex only confirms word edges
     if not found:
         return False
-    import re
     said = False
     for f in found:
         # (an ISO timestamp's "t" joins its date and time without running them into one word: 2026-03-04t14:00, and
@@ -211,8 +210,9 @@ def _mentions(text, forms, word="0-9a-z", utc=False):
         for m in re.finditer("(?:(?<![" + word + ":])(?<![0-9][/.])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "]|[/.][0-9])|(?=t[0-9])|(?<=[0-9])(?=z(?![0-9a-z])))", t):
             if not utc:
                 return True
-            if re.search("(?<![0-9])(?:[0-9]{1,2}:[0-9]{2}|[0-9]{1,2}[ ]*[ap][.]?m[.]?)[ ]*(?:-|to|until|till)[ ]*$", t[max(0, m.start() - 16):m.start()]):
-                continue  # a range's end, "14:00-15:00": not the time it starts
+            before = t[max(0, m.start() - 16):m.start()]
+            if ("-" in before or "t" in before) and re.search("(?<![0-9/.:-])(?:[0-9]{1,2}:[0-9]{2}[ ]*|[0-9]{1,2}[ ]*[ap][.]?m[.]?[ ]*|[0-9]{1,2}(?=-))(?:-|to|until|till)[ ]*$", before):
+                continue  # a range's end, "14:00-15:00", "2-3pm": not the time it starts
             if _zoned(t[m.end():m.end() + 40]):
                 return False  # a utc time given on another clock anywhere in the text: another instant
             said = True
