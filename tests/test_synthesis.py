@@ -255,6 +255,33 @@ def test_an_amount_in_another_currency_or_hedged_is_not_stated():
     assert _run_check(plain, _sent_evidence("Invoice", "4830.00 EUR")) and not _run_check(plain, _sent_evidence("Invoice", "4830.00 or 5313.00"))
 
 
+def test_an_amount_in_thousands_or_with_a_decimal_comma_is_stated_exactly():
+    """People write 8350.00 as "$8.35k", "8.35 thousand", "8.350,00", "8 350,00", "8350,00" or "8'350.00": each
+    states it (in USD, where the currency is named), but not a rounded figure ("$8.4k"), a cent off ("8.350,01"),
+    another currency ("\u20ac8.35k"), a hedge ("$8.35k or $9.2k") or a figure that is not an amount: "8.350"
+    alone (8.35 or 8350?), "1,25,00" and "INV-8,35" are left as they are."""
+    code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [8350.0], "currency": "USD"}))
+    for body in ("INV-1234 is now $8.35k.", "INV-1234: 8.35K USD", "INV-1234 comes to 8.35 thousand dollars", "INV-1234: 8.350,00 USD",
+                 "INV-1234: 8 350,00 $", "INV-1234: 8\u202f350,00 USD", "INV-1234: USD 8350,00.", "INV-1234: USD 8'350.00",
+                 "INV-1234 is 8.350,00 USD (was 9.100,00 USD), payable in 30 days", "INV-1234: $8,350.00, i.e. $8.35k"):
+        assert _run_check(code, _sent_evidence("Invoice INV-1234", body)), body
+    for body in ("INV-1234 is now $8.4k.", "INV-1234: 8.350,01 USD", "INV-1234: \u20ac8.35k", "INV-1234: 8.350,00 EUR",
+                 "INV-1234: $8.35k or $9.2k", "INV-1234: 8.350,00 or 9.200,00 USD", "INV-1234: 8.350 USD", "INV-1234: $835k",
+                 "INV-1234: 83,50 USD", "INV-1234: 8,35 USD"):
+        assert not _run_check(code, _sent_evidence("Invoice INV-1234", body)), body
+    # an answer's records and amounts read the same way; a total in thousands must still be their sum
+    pairs = {"turn": 0, "pairs": [["INV-1", 8350.0], ["INV-2", 2100.0]]}
+    answer = source(CheckSpec("answer", pairs))
+
+    def said(text: str) -> dict[str, Any]:
+        return {"final": {}, "diff": {}, "audit": [], "replies": [text], "profile": {"email": "me@ourco.example"}}
+
+    assert _run_check(answer, said("Overdue: INV-1: 8.350,00 USD; INV-2: 2.100,00 USD. Total: 10.450,00 USD."))
+    assert _run_check(answer, said("Overdue: INV-1 ($8.35k) and INV-2 ($2.1k), $10.45k in all."))
+    assert not _run_check(answer, said("Overdue: INV-1 ($2.1k) and INV-2 ($8.35k)."))
+    assert not _run_check(answer, said("Overdue: INV-1 ($8.35k) and INV-2 ($2.1k), $10.5k in all."))
+
+
 def test_a_message_hedging_a_time_or_date_fails_even_where_it_need_not_state_one():
     """Any message check: a time or date hedged between two values fails, whether or not the item asks
     for it (a cancellation notice need not give the date, but may not offer two); times in two zones,
@@ -1645,6 +1672,60 @@ def ctl_amount_notation(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: {m[ti][si][1][k][:70]!r}", _program(spec, m)
 
 
+def _in_thousands(v, places=3):
+    """``v`` as "$8.35k" (``places`` decimals of thousands, trailing zeros dropped), or None when that is not exact."""
+    k = round(v / 1000, places)
+    return f"${k:.{places}f}".rstrip("0").rstrip(".") + "k" if abs(k * 1000 - v) < 0.005 else None
+
+
+def _decimal_comma(v):
+    """``v`` as "8.350,00" (dots between thousands, a decimal comma)."""
+    return f"{v:,.2f}".replace(",", " ").replace(".", ",").replace(" ", ".")
+
+
+def _money_rewritten(spec, turns, write):
+    """Each message with money amounts, every amount rewritten by ``write(value)`` (None: the message is left out)."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _MONEY.search(text):
+            new = [write(float(x.group(0))) for x in _MONEY.finditer(text)]
+            if None not in new:
+                m = copy.deepcopy(turns)
+                it = iter(new)
+                m[ti][si][1][k] = re.sub(r"\$?\b(\d+\.\d{2})\b( USD\b)?", lambda x: next(it), text)
+                yield f"{turns[ti][si][0]}.{k}: {m[ti][si][1][k][:70]!r}", _program(spec, m)
+
+
+def ctl_amounts_in_thousands(spec, turns, ref):
+    """CONTROL: money amounts in messages in thousands ("8350.00 USD" -> "$8.35k"), where that is exact. Must still pass."""
+    yield from _money_rewritten(spec, turns, _in_thousands)
+
+
+def ctl_amounts_with_a_decimal_comma(spec, turns, ref):
+    """CONTROL: money amounts in messages written the continental way ("8350.00 USD" -> "8.350,00 USD", "8 350,00 USD").
+    Must still pass."""
+    yield from _money_rewritten(spec, turns, lambda v: _decimal_comma(v) + " USD")
+    yield from _money_rewritten(spec, turns, lambda v: _decimal_comma(v).replace(".", "\u00a0") + " USD")
+
+
+def op_amount_in_thousands_rounded(spec, turns, ref):
+    """A message's amounts in thousands rounded to a hundred ("$8.4k" for 8350.00): a figure the reader cannot
+    check the invoice against."""
+    yield from _money_rewritten(spec, turns, lambda v: f"${round(v / 1000, 1):.1f}k" if _in_thousands(v, 1) is None else None)
+
+
+def op_hedged_amount_in_thousands(spec, turns, ref):
+    """A message's amounts in thousands, each hedged with a tenth more ("$8.35k or $9.185k")."""
+    def hedged(v):
+        a, b = _in_thousands(v), _in_thousands(round(v * 1.1, 2))
+        return f"{a} or {b}" if a and b else None
+    yield from _money_rewritten(spec, turns, hedged)
+
+
+def op_amount_with_a_decimal_comma_a_cent_off(spec, turns, ref):
+    """A message's amounts written the continental way, one cent more ("8.350,01 USD" for 8350.00)."""
+    yield from _money_rewritten(spec, turns, lambda v: _decimal_comma(round(v + 0.01, 2)) + " USD")
+
+
 def ctl_fill_empty_field(spec, turns, ref):
     """CONTROL: the right update also fills in a field of the record that was empty (a close date, a
     location, a tag). Nothing is overwritten, so it must still pass."""
@@ -2858,6 +2939,26 @@ def ctl_answer_respectively(spec, turns, ref):
             yield f"turn {ti}: respectively", _answered(spec, turns, ti, _respectively(head, rows, [f"{float(r[1]):,.2f}" for r in rows]))
 
 
+def ctl_answer_amounts_with_a_decimal_comma(spec, turns, ref):
+    """CONTROL: an answer's list with its amounts written the continental way ("- INV-1: 8.350,00 USD, due ...").
+    Must still pass."""
+    for ti, text in _answers(spec):
+        new = _AMOUNT.sub(lambda m: _decimal_comma(float(m.group(0))), text)
+        if new != text:
+            yield f"turn {ti}: decimal comma", _answered(spec, turns, ti, new)
+
+
+def op_answer_amounts_in_thousands_swapped(spec, turns, ref):
+    """An answer's list with its amounts in thousands ("$8.35k"), two records' amounts swapped."""
+    for ti, text in _answers(spec):
+        head, rows = _answer_rows(text)
+        ks = [_in_thousands(float(r[1])) for r in rows]
+        if len(rows) >= 2 and None not in ks and ks[0] != ks[1]:
+            ks[0], ks[1] = ks[1], ks[0]
+            lines = [f"- {r[0]}: {k}, due {r[2]}" for r, k in zip(rows, ks)]
+            yield f"turn {ti}: in thousands, swapped", _answered(spec, turns, ti, head + ":\n" + "\n".join(lines))
+
+
 def ctl_answer_amounts_first(spec, turns, ref):
     """CONTROL: each amount before its record ("8,350.00 USD on INV-1 (due ...) and 2,100.00 USD on INV-2 ..."). Must still pass."""
     for ti, text in _answers(spec):
@@ -2945,6 +3046,13 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "date_without_a_year_a_day_late": op_date_without_a_year_a_day_late,
              "dates_as_numbers_a_year_off": op_dates_as_numbers_a_year_off,
              "weekday_wrong_beside_a_date_without_a_year": op_weekday_wrong_beside_a_date_without_a_year,
+             "amounts_in_thousands (control)": ctl_amounts_in_thousands,
+             "amounts_with_a_decimal_comma (control)": ctl_amounts_with_a_decimal_comma,
+             "answer_amounts_with_a_decimal_comma (control)": ctl_answer_amounts_with_a_decimal_comma,
+             "amount_in_thousands_rounded": op_amount_in_thousands_rounded,
+             "hedged_amount_in_thousands": op_hedged_amount_in_thousands,
+             "amount_with_a_decimal_comma_a_cent_off": op_amount_with_a_decimal_comma_a_cent_off,
+             "answer_amounts_in_thousands_swapped": op_answer_amounts_in_thousands_swapped,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 

@@ -50,8 +50,25 @@ def _has(text, needles):
     t = _norm(text)
     return all(_norm(n) in t for n in needles)
 
+def _money(t):
+    # amounts as plain figures: a decimal comma ("8.350,00", "8 350,00", "8350,00") and digits grouped by an
+    # apostrophe ("8'350.00") read as 8350.00, then no thousands separator, then thousands ("$8.35k", "8.35
+    # thousand") as 8350.00; a figure in another notation is left as it was ("8.350" alone: 8.35 or 8350?)
+    # (each rewrite only where a quick search starting at its literal finds one: most texts have none)
+    import re
+    if "," in t:
+        if re.search(",(?<=[0-9],)[0-9]{2}(?![0-9])", t):
+            t = re.sub("(?<![0-9a-z.,'_-])([0-9]{1,3}(?:[.][0-9]{3})+|[0-9]{1,3}(?:[ ][0-9]{3})+|[0-9]+),([0-9]{2})(?![0-9]|,[0-9])",
+                       lambda m: m.group(1).replace(".", "").replace(" ", "") + "." + m.group(2), t)
+        t = t.replace(",", "")
+    if "'" in t and re.search("'(?<=[0-9]')[0-9]{3}", t):
+        t = re.sub("'(?<=[0-9]')(?=[0-9]{3}(?![0-9]))", "", t)
+    if ("k" in t and re.search("k(?:(?<=[0-9]k)|(?<=[0-9] k))(?![a-z0-9])", t)) or "thousand" in t:
+        t = re.sub("(?<![0-9a-z.-])([0-9]+(?:[.][0-9]+)?)[ ]?(?:k|thousand)(?![a-z0-9])", lambda m: format(float(m.group(1)) * 1000, ".2f"), t)
+    return t
+
 def _has_amount(text, value, currency=""):
-    t = _low(text).replace(",", "")
+    t = _money(_low(text))
     if str(int(float(value))) not in t:  # the whole part is not even there (most messages): no regex
         return False
     import re
@@ -154,7 +171,7 @@ def _fails(t):
     return re.search("(?<![a-z])(?:update|change|request|invitation|invite|email|message|booking|operation|it|this|that)[ ]+(?:failed|did not go through|didn't go through)(?![a-z])", t) is not None
 
 def _misstates(text, year=""):
-    t = " ".join(_low(text).replace(",", "").split())
+    t = " ".join(_money(_low(text)).split())
     return _hedges(t) or _weekday_clash(t, year) or _fails(t)
 
 def _greets(text, others):
@@ -307,7 +324,7 @@ def _paired(text, pairs):
         names = names + [pair.split("=")[0].lower()]
         amounts = amounts + [float(pair.split("=")[1])]
     said = []
-    for part in _parts(_low(text).replace(",", ""), names):
+    for part in _parts(_money(_low(text)), names):
         found = []
         for m in re.finditer("(?<![0-9a-z-])[0-9]+(?:[.][0-9]+)?", part):
             for a in amounts:
@@ -320,7 +337,7 @@ def _paired(text, pairs):
     return len(said) == len(names)
 
 def _totalled(text, pairs):
-    t = _low(text).replace(",", "")
+    t = _money(_low(text))
     if not ("total" in t or "altogether" in t or "in all" in t or "combined" in t or "sum" in t):
         return True  # no total stated (most answers): no regex
     import re
