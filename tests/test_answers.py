@@ -82,6 +82,14 @@ RIGHT = "Overdue:\n- INV-2286: 8350.00 USD, due 2026-01-21\n- INV-9526: 2100.00 
     (RIGHT.replace("2026-01-21", "1/21").replace("2026-02-15", "15/02"), True),
     (RIGHT.replace("2026-01-21", "1/22"), False),
     ("INV-2286 (8,350.00 USD, due 2/15) and INV-9526 (2,100.00 USD, due 1/21) are overdue.", False),  # dates swapped
+    # ... and year first with slashes or dots (2026/01/21, 2026.1.21)
+    (RIGHT.replace("2026-01-21", "2026/01/21").replace("2026-02-15", "2026.2.15"), True),
+    (RIGHT.replace("2026-01-21", "2026/01/22"), False),
+    (RIGHT.replace("2026-02-15", "2025.02.15"), False),
+    # amounts with a decimal comma or in thousands
+    ("Overdue: INV-2286 (8.350,00 USD, due 2026-01-21) and INV-9526 (2.100,00 USD, due 2026-02-15).", True),
+    ("Overdue: INV-2286 ($8.35k, due 2026-01-21) and INV-9526 ($2.1k, due 2026-02-15).", True),
+    ("Overdue: INV-2286 ($8.4k, due 2026-01-21) and INV-9526 ($2.1k, due 2026-02-15).", False),
     # a total it gives is the sum of its amounts
     (RIGHT + "\nTotal: 10,540.00 USD.", False),
     ("Two invoices, 10,450 USD in all: INV-2286 (8,350.00) and INV-9526 (2,100.00).", True),

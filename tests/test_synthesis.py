@@ -299,7 +299,8 @@ def test_a_message_hedging_a_time_or_date_fails_even_where_it_need_not_state_one
     for text in ("Design critique moves to March 5th at 3pm or 4pm.", "Design critique: 2026-03-05 or 2026-03-06 at 15:00",
                  "Design critique: March 4 or March 5, 15:00", "Design critique: March 5 or 6, 15:00", "Design critique: 5th or 6th of March, 15:00",
                  "Design critique moves to 3/5 or 3/6 at 15:00 UTC.", "Design critique moves to 05/03/2026 or 06/03/2026 at 15:00 UTC.",
-                 "Design critique moves to 05.03. or 06.03. at 15:00 UTC.", "Design critique moves to 3/5 at 3-4pm or 4-5pm UTC."):
+                 "Design critique moves to 05.03. or 06.03. at 15:00 UTC.", "Design critique moves to 3/5 at 3-4pm or 4-5pm UTC.",
+                 "Design critique moves to 2026/03/05 or 2026/03/06 at 15:00 UTC."):
         assert not _run_check(when, _sent_evidence("Moved", text)), text
     for text in ("Design critique moves to 3/5 at 3-4pm UTC, or later if the room is busy.", "Design critique: 3/5, 15:00 UTC; 2 or 3 slides each."):
         assert _run_check(when, _sent_evidence("Moved", text)), text
@@ -324,16 +325,19 @@ def test_a_date_as_numbers_states_it_either_way_round_with_or_without_its_year()
     """``when``: 05/03/2026 is March 5 to a European reader and 03/05/2026 to an American one; both state
     2026-03-05 (as does 05.03.2026), and so do the same without the year, as people write them ("Thursday 3/5",
     "05/03", "am 05.03."), like "March 5" in words. A day off or another year does not, nor a number that only
-    contains the date ("13/5", "3/5/2027", "2025/3/5")."""
+    contains the date ("13/5", "3/5/2027", "2025/3/5"). Year first with slashes or dots (2026/03/05, 2026.3.5)
+    states it too."""
     when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "15:00"}}))
     for text in ("Design critique moves to 05/03/2026 at 15:00.", "Design critique: 3/5/2026, 3pm", "Design critique: 05.03.2026 15:00",
                  "Design critique: 05/03 at 15:00", "Design critique moves to Thursday 3/5, 3pm.", "Design critique: 03/05 15:00",
-                 "Design critique am 05.03. um 15:00", "Design critique (3/5) at 15:00"):
+                 "Design critique am 05.03. um 15:00", "Design critique (3/5) at 15:00", "Design critique: 2026/03/05 15:00",
+                 "Design critique: 2026/3/5 at 3pm", "Design critique: 2026.03.05 15:00"):
         assert _run_check(when, _sent_evidence("Moved", text)), text
     for text in ("Design critique moves to 06/03/2026 at 15:00.", "Design critique: 05/03/2025, 3pm", "Design critique: 05/03/2027 at 15:00",
                  "Design critique: 15/03/2026 at 15:00", "Design critique: 3/6 at 15:00", "Design critique: 13/5 at 15:00",
                  "Design critique: 3/5/2027 at 15:00", "Design critique: 2025/3/5 at 15:00", "Design critique: 05.03.2027 15:00",
-                 "Design critique: 06.03. um 15:00", "Design critique: 3/50 at 15:00", "Design critique: 1.5.03. 15:00"):
+                 "Design critique: 06.03. um 15:00", "Design critique: 3/50 at 15:00", "Design critique: 1.5.03. 15:00",
+                 "Design critique: 2026/03/06 15:00", "Design critique: 2026/3/15 at 15:00", "Design critique: 2026.03.055 15:00"):
         assert not _run_check(when, _sent_evidence("Moved", text)), text
 
 
@@ -356,8 +360,11 @@ def test_a_weekday_that_contradicts_its_date_fails():
     for text in ("Design critique: Thursday 05/03/2026 at 15:00.", "Design critique: Thu, 3/5/2026, 3pm",
                  "Design critique: 05.03.2026 (Thursday) 15:00"):
         assert _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique: Thursday 2026/03/05 at 15:00.", "Design critique: 2026.03.05 (Thu) 15:00"):
+        assert _run_check(when, _sent_evidence("Moved", text)), text
     for text in ("Design critique: Friday 05/03/2026 at 15:00.", "Design critique: Fri, 3/5/2026, 3pm",
-                 "Design critique: 05.03.2026 (Friday) 15:00"):
+                 "Design critique: 05.03.2026 (Friday) 15:00", "Design critique: Friday 2026/03/05 at 15:00.",
+                 "Design critique: 2026.03.05 (Fri) 15:00"):
         assert not _run_check(when, _sent_evidence("Moved", text)), text
     assert not _run_check(notice, _sent_evidence("Off", "Design critique on Tuesday 04/03/2026 is cancelled."))
     # ... and without the year when ``when`` gives it (dotted: day first, and no date at all when it cannot be one)
@@ -2462,6 +2469,50 @@ def op_weekday_wrong_beside_a_date_without_a_year(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: {_WEEKDAY_BESIDE_A_DAY.search(text).group(0)} -> next weekday, m/d", _program(spec, m)
 
 
+def ctl_dates_year_first(spec, turns, ref):
+    """CONTROL: ISO dates in messages and answers written year first with slashes or dots, as much of East Asia
+    writes them (2026-03-05 -> 2026/03/05, 2026/3/5, 2026.03.05). Must still pass."""
+    for name, fmt in (("yyyy/mm/dd", lambda x: f"{x.group(1)}/{x.group(2)}/{x.group(3)}"),
+                      ("yyyy/m/d", lambda x: f"{x.group(1)}/{int(x.group(2))}/{int(x.group(3))}"),
+                      ("yyyy.mm.dd", lambda x: f"{x.group(1)}.{x.group(2)}.{x.group(3)}")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t))
+        if prog:
+            yield f"dates as '{name}'", prog
+
+
+def op_dates_year_first_a_day_late(spec, turns, ref):
+    """A message's or an answer's dates written year first with slashes, a day late (2026-03-05 -> 2026/03/06)."""
+    def late(x):
+        d = datetime(int(x.group(1)), int(x.group(2)), int(x.group(3))) + timedelta(days=1)
+        return f"{d:%Y/%m/%d}"
+    prog = _retyped(spec, turns, lambda t: _ISO_DAY.sub(late, t))
+    if prog:
+        yield "dates as 'yyyy/mm/dd', a day late", prog
+
+
+def op_weekday_wrong_beside_a_year_first_date(spec, turns, ref):
+    """A message's weekday next to a date made the next one, the date written year first ("Thursday 2026-03-05" ->
+    "Friday 2026/03/05")."""
+    def wrong(x):
+        return f"{_WEEKDAYS[(_WEEKDAYS.index(x.group(1)) + 1) % 7]}{x.group(2)}{x.group(3)}/{x.group(4)}/{x.group(5)}"
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _WEEKDAY_BESIDE_A_DAY.search(text):
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = _ISO_DAY.sub(lambda x: f"{x.group(1)}/{x.group(2)}/{x.group(3)}", _WEEKDAY_BESIDE_A_DAY.sub(wrong, text))
+            yield f"{turns[ti][si][0]}.{k}: {_WEEKDAY_BESIDE_A_DAY.search(text).group(0)} -> next weekday, yyyy/mm/dd", _program(spec, m)
+
+
+def op_hedged_year_first_date(spec, turns, ref):
+    """The first date in a message written year first, hedged with the next day ('2026-03-04' -> '2026/03/04 or 2026/03/05')."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        x = _ISO_DAY.search(text)
+        if x:
+            d = datetime(int(x.group(1)), int(x.group(2)), int(x.group(3)))
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = text[:x.start()] + f"{d:%Y/%m/%d} or {d + timedelta(days=1):%Y/%m/%d}" + text[x.end():]
+            yield f"{turns[ti][si][0]}.{k}: {x.group(0)} -> yyyy/mm/dd or the next day", _program(spec, m)
+
+
 def ctl_first_names(spec, turns, ref):
     """CONTROL: people named in messages by first name alone where nobody else in the world has it ('Lukas'
     for 'Lukas Tanaka'; never the user, whose sign-off carries theirs). Must still pass."""
@@ -3053,6 +3104,9 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "hedged_amount_in_thousands": op_hedged_amount_in_thousands,
              "amount_with_a_decimal_comma_a_cent_off": op_amount_with_a_decimal_comma_a_cent_off,
              "answer_amounts_in_thousands_swapped": op_answer_amounts_in_thousands_swapped,
+             "dates_year_first (control)": ctl_dates_year_first, "dates_year_first_a_day_late": op_dates_year_first_a_day_late,
+             "weekday_wrong_beside_a_year_first_date": op_weekday_wrong_beside_a_year_first_date,
+             "hedged_year_first_date": op_hedged_year_first_date,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 

@@ -95,7 +95,7 @@ def _hedges(t):
     months = "(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z.]*"
     # (one literal between names: the sandbox compiles checkers by skeleton, which folded literals defeat)
     # (dates as numbers too, "3/5 or 3/6", "05.03. or 06.03.", and am/pm ranges: "3-4pm or 4-5pm")
-    value = "(?:[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]{1,2}/[0-9]{1,2}(?:/[0-9]{4})?|[0-9]{1,2}[.][0-9]{1,2}[.](?:[0-9]{4})?|[0-9]+[.][0-9]{2}|(?:[0-9]{1,2}(?::[0-9]{2})?-)?[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|[0-9]{4}-[0-9]{2}-[0-9]{2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
+    value = "(?:[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]{1,2}/[0-9]{1,2}(?:/[0-9]{4})?|[0-9]{1,2}[.][0-9]{1,2}[.](?:[0-9]{4})?|[0-9]+[.][0-9]{2}|(?:[0-9]{1,2}(?::[0-9]{2})?-)?[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
     if re.search("(?<![0-9a-z.:])" + value + "(?:[ ]+[a-z]{3})?[ ]+or[ ]+" + value + "(?![0-9a-z])", t) is not None:
         return True
     # a day of the month hedged with a bare second day: "march 5 or 6", "march 5th or 6th", "5 or 6 march"
@@ -112,7 +112,7 @@ def _weekday_clash(t, year):
     from datetime import date
     months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
     wd = "(?<![a-z])(mon|tue|wed|thu|fri|sat|sun)(?:day|sday|nesday|rsday|urday|(?:s|r|rs)?[.]?)(?![a-z])"  # (a dot ends an abbreviation, not a day's name)
-    iso = "([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])"
+    iso = "([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])"  # (and year first with slashes or dots: 2026/03/05)
     month = "(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*[.]?"
     # a weekday next to a date, with the groups of weekday, year (0: ``year``), month and day: "thursday 2026-03-05",
     # "2026-03-05 (thursday)", "thu march 5th", "thursday the 5th of march" (loops, not comprehensions: every
@@ -365,8 +365,8 @@ def _dated(text, pairs):
     names = [pair.split("=")[0].lower() for pair in pairs.split("|")]
     month = "(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
     for part in _parts(_low(text), names):
-        found = []  # (position, (year or "", month, day)): ISO, "january 21", "21st of january"
-        for m in re.finditer("(?<![0-9])([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9])", part):
+        found = []  # (position, (year or "", month, day)): ISO (or year first with slashes or dots), "january 21", "21st of january"
+        for m in re.finditer("(?<![0-9])([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])", part):
             found = found + [(m.start(), (m.group(1), int(m.group(2)), int(m.group(3)), 0))]
         for m in re.finditer("(?<![a-z])" + month + "[a-z]*[.]?[ ]+([0-9]{1,2})(?![0-9])", part):
             found = found + [(m.start(), ("", months.index(m.group(1)) + 1, int(m.group(2)), 0))]
@@ -563,6 +563,8 @@ def date_forms(iso: str) -> list[str]:
     for a, b in ((d, m), (m, d)):
         forms += [f"{a:02d}/{b:02d}/{y}", f"{a}/{b}/{y}"]
     forms += [f"{d:02d}.{m:02d}.{y}", f"{d}.{m}.{y}"]
+    # year first, as much of East Asia writes them: 2026/03/05, 2026/3/5, 2026.03.05, 2026.3.5
+    forms += [f"{y}/{m:02d}/{d:02d}", f"{y}/{m}/{d}", f"{y}.{m:02d}.{d:02d}", f"{y}.{m}.{d}"]
     # and without the year, as in "thursday 3/5" or "am 05.03." (a year written after them must be the right one:
     # _mentions does not take "3/5" out of "3/5/2027")
     forms += [f"{m}/{d}", f"{m:02d}/{d:02d}", f"{d}/{m}", f"{d:02d}/{m:02d}", f"{d:02d}.{m:02d}."]
