@@ -421,6 +421,16 @@ def test_a_weekday_that_contradicts_its_date_fails():
     ("Design critique moves to 2026-03-05 15:00Z.", True),  # Z: UTC
     ("Design critique moves to 2026-03-05 15:00z, room B.", True),
     ("Design critique moves to 2026-03-05 15:00zone B.", False),
+    # the French way, and as pilots write it (a bare four-digit number is no time)
+    ("Design critique moves to 2026-03-05 \u00e0 15h00 UTC.", True),
+    ("Design critique moves to 2026-03-05 \u00e0 15h00 CET.", False),
+    ("Design critique moves to 2026-03-05 \u00e0 16h00 UTC.", False),
+    ("Design critique moves to 2026-03-05, 1500Z.", True),
+    ("Design critique moves to 2026-03-05, 1500 UTC.", True),
+    ("Design critique moves to 2026-03-05, 1500 UTC+1.", False),
+    ("Design critique moves to 2026-03-05, 1600Z.", False),
+    ("Design critique moves to 2026-03-05; budget 1500 USD, all times UTC.", False),
+    ("Design critique moves to 2026-03-05; 21500 UTC.", False),
 ])
 def test_a_utc_time_on_another_clock_fails(text, ok):
     """``when`` times are UTC (every capability asks in UTC): the time labelled with another zone or offset is
@@ -2882,6 +2892,32 @@ def op_time_on_another_clock(spec, turns, ref):
         yield "times as hh:mm (UTC+2)", prog
 
 
+def ctl_times_in_other_notations(spec, turns, ref):
+    """CONTROL: UTC times in messages and answers written the French way or as pilots do ("14:00 UTC" -> "14h00 UTC",
+    "1400 UTC", "1400Z"). Must still pass."""
+    for name, fmt in (("hhhmm UTC", lambda m: f"{m.group(1)}h{m.group(2)} UTC"), ("hhmm UTC", lambda m: f"{m.group(1)}{m.group(2)} UTC"),
+                      ("hhmmZ", lambda m: f"{m.group(1)}{m.group(2)}Z")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
+        if prog:
+            yield f"times as {name}", prog
+
+
+def op_time_in_other_notations_an_hour_off(spec, turns, ref):
+    """Every UTC time in the messages and answers an hour later, written "15h00 UTC" or "1500Z" for 14:00 UTC."""
+    for name, fmt in (("hhhmm UTC", lambda m: f"{(int(m.group(1)) + 1) % 24:02d}h{m.group(2)} UTC"),
+                      ("hhmmZ", lambda m: f"{(int(m.group(1)) + 1) % 24:02d}{m.group(2)}Z")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
+        if prog:
+            yield f"times as {name}, an hour late", prog
+
+
+def op_time_in_hours_on_another_clock(spec, turns, ref):
+    """Every UTC time in the messages and answers written the French way on another clock ("14:00 UTC" -> "14h00 CET")."""
+    prog = _retyped(spec, turns, lambda t: _UTC_TIME.sub(lambda m: f"{m.group(1)}h{m.group(2)} CET", t))
+    if prog:
+        yield "times as hhhmm CET", prog
+
+
 def op_time_on_the_readers_clock(spec, turns, ref):
     """Every UTC time in the messages and answers on the reader's clock: a dated one as an ISO timestamp with an
     offset and no seconds ("2026-03-04 at 14:00 UTC" -> "2026-03-04T14:00+01:00"), the others in "local time"."""
@@ -3107,6 +3143,9 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "dates_year_first (control)": ctl_dates_year_first, "dates_year_first_a_day_late": op_dates_year_first_a_day_late,
              "weekday_wrong_beside_a_year_first_date": op_weekday_wrong_beside_a_year_first_date,
              "hedged_year_first_date": op_hedged_year_first_date,
+             "times_in_other_notations (control)": ctl_times_in_other_notations,
+             "time_in_other_notations_an_hour_off": op_time_in_other_notations_an_hour_off,
+             "time_in_hours_on_another_clock": op_time_in_hours_on_another_clock,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 

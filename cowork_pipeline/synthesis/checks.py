@@ -54,18 +54,13 @@ def _money(t):
     # amounts as plain figures: a decimal comma ("8.350,00", "8 350,00", "8350,00") and digits grouped by an
     # apostrophe ("8'350.00") read as 8350.00, then no thousands separator, then thousands ("$8.35k", "8.35
     # thousand") as 8350.00; a figure in another notation is left as it was ("8.350" alone: 8.35 or 8350?)
-    # (each rewrite only where a quick search starting at its literal finds one: most texts have none)
     import re
-    if "," in t:
-        if re.search(",(?<=[0-9],)[0-9]{2}(?![0-9])", t):
-            t = re.sub("(?<![0-9a-z.,'_-])([0-9]{1,3}(?:[.][0-9]{3})+|[0-9]{1,3}(?:[ ][0-9]{3})+|[0-9]+),([0-9]{2})(?![0-9]|,[0-9])",
-                       lambda m: m.group(1).replace(".", "").replace(" ", "") + "." + m.group(2), t)
-        t = t.replace(",", "")
-    if "'" in t and re.search("'(?<=[0-9]')[0-9]{3}", t):
-        t = re.sub("'(?<=[0-9]')(?=[0-9]{3}(?![0-9]))", "", t)
-    if ("k" in t and re.search("k(?:(?<=[0-9]k)|(?<=[0-9] k))(?![a-z0-9])", t)) or "thousand" in t:
-        t = re.sub("(?<![0-9a-z.-])([0-9]+(?:[.][0-9]+)?)[ ]?(?:k|thousand)(?![a-z0-9])", lambda m: format(float(m.group(1)) * 1000, ".2f"), t)
-    return t
+    if re.search(",(?<=[0-9],)[0-9]{2}(?![0-9])|'(?<=[0-9]')[0-9]{3}|k(?<=[0-9]k)(?![a-z0-9])|k(?<=[0-9] k)(?![a-z0-9])|thousand", t) is None:
+        return t.replace(",", "")  # none of them (most texts): one search
+    t = re.sub("(?<![0-9a-z.,'_-])([0-9]{1,3}(?:[.][0-9]{3})+|[0-9]{1,3}(?:[ ][0-9]{3})+|[0-9]+),([0-9]{2})(?![0-9]|,[0-9])",
+               lambda m: m.group(1).replace(".", "").replace(" ", "") + "." + m.group(2), t).replace(",", "")
+    t = re.sub("'(?<=[0-9]')(?=[0-9]{3}(?![0-9]))", "", t)
+    return re.sub("(?<![0-9a-z.-])([0-9]+(?:[.][0-9]+)?)[ ]?(?:k|thousand)(?![a-z0-9])", lambda m: format(float(m.group(1)) * 1000, ".2f"), t)
 
 def _has_amount(text, value, currency=""):
     t = _money(_low(text))
@@ -171,8 +166,10 @@ def _fails(t):
     return re.search("(?<![a-z])(?:update|change|request|invitation|invite|email|message|booking|operation|it|this|that)[ ]+(?:failed|did not go through|didn't go through)(?![a-z])", t) is not None
 
 def _misstates(text, year=""):
-    t = " ".join(_money(_low(text)).split())
-    return _hedges(t) or _weekday_clash(t, year) or _fails(t)
+    low = _low(text)
+    t = " ".join(low.replace(",", "").split())
+    # (amounts in other notations only matter to a hedge: "$8.35k or $9.2k")
+    return _hedges(" ".join(_money(low).split()) if " or " in t else t) or _weekday_clash(t, year) or _fails(t)
 
 def _greets(text, others):
     words = " ".join(_low(text).replace(",", " ").split()).split(" ", 4)
@@ -217,6 +214,9 @@ def _mentions(text, forms, word="0-9a-z", utc=False):
         # (a bare start only right at the dash: in "march 5 - 3pm" the 5 is a day)
         t = re.sub("(?<![0-9:./-])([0-9]{1,2}:[0-9]{2}[ ]*-[ ]*|[0-9]{1,2}-)([0-9]{1,2}(?::[0-9]{2})?)[ ]*([ap][.]?m[.]?)(?![a-z])",
                    lambda m: m.group(1).rstrip(" -") + m.group(3) + "-" + m.group(2) + m.group(3), t)
+    if utc and ("z" in t or "utc" in t or "gmt" in t) and re.search("[0-9]{4}[ ]?(?:z|utc|gmt)(?![a-z])", t):
+        # a pilot's "1500z" or "1500 utc" is 15:00 utc (a bare "1500" is a number: an amount, a count)
+        t = re.sub("(?<![0-9:.,/-])([01][0-9]|2[0-3])([0-5][0-9])(?=[ ]?(?:z|utc|gmt)(?![a-z]))", lambda m: m.group(1) + ":" + m.group(2), t)
     found = [f for f in forms if f in t]  # plain substring first; the regex only confirms word edges
     if not found:
         return False
@@ -542,7 +542,7 @@ def time_forms(hhmm: str) -> list[str]:
     """How people write a time of day: 15:00, 3pm, 3 pm, 3:00 p.m., ... (lower case)."""
     h, m = int(hhmm[:2]), int(hhmm[3:5])
     h12, ap = h % 12 or 12, "am" if h < 12 else "pm"
-    forms = [f"{h:02d}:{m:02d}", f"{h}:{m:02d}", f"{h}.{m:02d}"]
+    forms = [f"{h:02d}:{m:02d}", f"{h}:{m:02d}", f"{h}.{m:02d}", f"{h:02d}h{m:02d}", f"{h}h{m:02d}"]  # (15h00: the french way)
     for hm in [f"{h12}:{m:02d}"] + ([str(h12)] if m == 0 else []):
         forms += [hm + ap, f"{hm} {ap}", f"{hm} {ap[0]}.m.", f"{hm}{ap[0]}.m."]
     return list(dict.fromkeys(forms))
