@@ -400,7 +400,20 @@ def _counted(text, n, noun):
 
 def _figures(s):
     t = " ".join(_low(s).replace(",", " ").split())
-    return t.replace("per cent", "%").replace("percent", "%").replace(" %", "%")
+    t = t.replace("per cent", "%").replace("percent", "%")
+    if "pct" in t or "%" in t:
+        import re
+        t = re.sub("(?<![a-z])pct(?![a-z])[.]?", "%", t).replace(" %", "%").replace("-%", "%")  # (a 43-percent margin)
+        if re.search("[a-z]%", t):
+            # a figure spelled out, as a style guide has it ("forty-three percent", "forty three %"): 43% (0 to 99)
+            units = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+            tens = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+            out, at = "", 0
+            for m in re.finditer("(?<![a-z0-9-])(?:(" + "|".join(tens) + ")(?:[- ](" + "|".join(units[1:10]) + "))?|(" + "|".join(units) + "))%", t):
+                n = (tens.index(m.group(1)) + 2) * 10 + (units.index(m.group(2)) if m.group(2) else 0) if m.group(1) else units.index(m.group(3))
+                out, at = out + t[at:m.start()] + str(n) + "%", m.end()
+            t = out + t[at:]
+    return t
 
 def _other_percent(text, allowed):
     t = _figures(text)
@@ -778,8 +791,8 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not _greets(c['body'], {p['others']!r})"
     if p.get("percentages") is not None:  # it quotes no percentage but these (no promise of a figure nobody gave)
         unless += f" and not _other_percent(c['body'], {'|'.join(str(x) for x in p['percentages'])!r})"
-    for group in p.get("says") or []:  # each fact in one of its phrasings, at word edges (as in _says_test)
-        unless += f" and _mentions(c['body'], {_excluded(group)!r}.split('|'), '0-9a-z-')"
+    for group in p.get("says") or []:  # each fact in one of its phrasings, at word edges (as in _says_test; figures spelled out too)
+        unless += f" and _mentions(_figures(c['body']), {_excluded(group)!r}.split('|'), '0-9a-z-')"
     return f"""t = _coll(ev, "helpdesk.tickets").get({tid!r})
 if t is None:
     return False
