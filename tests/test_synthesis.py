@@ -360,8 +360,12 @@ def test_a_weekday_that_contradicts_its_date_fails():
     for text in ("Design critique: Thursday 05/03/2026 at 15:00.", "Design critique: Thu, 3/5/2026, 3pm",
                  "Design critique: 05.03.2026 (Thursday) 15:00"):
         assert _run_check(when, _sent_evidence("Moved", text)), text
-    for text in ("Design critique: Thursday 2026/03/05 at 15:00.", "Design critique: 2026.03.05 (Thu) 15:00"):
+    for text in ("Design critique: Thursday 2026/03/05 at 15:00.", "Design critique: 2026.03.05 (Thu) 15:00",
+                 "Design critique: Thu, 05 Mar 2026 15:00 UTC", "Design critique: Thursday, March 05, 2026, 3pm"):
         assert _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique: Fri, 05 Mar 2026 15:00 UTC", "Design critique: Thursday, March 06, 2026, 3pm",
+                 "Design critique: Thu, 15 Mar 2026 15:00 UTC"):
+        assert not _run_check(when, _sent_evidence("Moved", text)), text
     for text in ("Design critique: Friday 05/03/2026 at 15:00.", "Design critique: Fri, 3/5/2026, 3pm",
                  "Design critique: 05.03.2026 (Friday) 15:00", "Design critique: Friday 2026/03/05 at 15:00.",
                  "Design critique: 2026.03.05 (Fri) 15:00"):
@@ -2514,6 +2518,16 @@ def op_weekday_wrong_beside_a_date_without_a_year(spec, turns, ref):
             yield f"{turns[ti][si][0]}.{k}: {_WEEKDAY_BESIDE_A_DAY.search(text).group(0)} -> next weekday, m/d", _program(spec, m)
 
 
+def ctl_dates_with_a_zero_padded_day(spec, turns, ref):
+    """CONTROL: ISO dates in messages and answers with the month's name and the day as two digits, as email
+    headers and many style guides write them (2026-03-05 -> "05 Mar 2026", "March 05, 2026"). Must still pass."""
+    for name, fmt in (("dd Mon yyyy", lambda x: f"{x.group(3)} {datetime(2000, int(x.group(2)), 1):%b} {x.group(1)}"),
+                      ("Month dd, yyyy", lambda x: f"{datetime(2000, int(x.group(2)), 1):%B} {x.group(3)}, {x.group(1)}")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t))
+        if prog:
+            yield f"dates as '{name}'", prog
+
+
 def ctl_dates_year_first(spec, turns, ref):
     """CONTROL: ISO dates in messages and answers written year first with slashes or dots, as much of East Asia
     writes them (2026-03-05 -> 2026/03/05, 2026/3/5, 2026.03.05). Must still pass."""
@@ -3221,6 +3235,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "time_in_hours_on_another_clock": op_time_in_hours_on_another_clock,
              "secret_figure_spelled_out": op_secret_figure_spelled_out,
              "figures_spelled_out (control)": ctl_figures_spelled_out,
+             "dates_with_a_zero_padded_day (control)": ctl_dates_with_a_zero_padded_day,
              "first_names (control)": ctl_first_names, "secret_in_an_internal_note (control)": ctl_secret_in_an_internal_note}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 

@@ -571,6 +571,7 @@ def date_forms(iso: str) -> list[str]:
     for month in (name, name[:3], name[:3] + "."):
         for day in (str(d), f"{d}{suffix}"):
             forms += [f"{month} {day}", f"{day} {month}", f"{day} of {month}"]
+        forms += [f"{month} {d:02d}", f"{d:02d} {month}"]  # "05 mar 2026" (an email header's), "march 05, 2026"
     # numbers with the year, day first or month first (05/03/2026 and 03/05/2026 both read as March 5 somewhere)
     y, m = iso[:4], int(iso[5:7])
     for a, b in ((d, m), (m, d)):
