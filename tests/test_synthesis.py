@@ -341,6 +341,16 @@ def test_a_date_as_numbers_states_it_either_way_round_with_or_without_its_year()
         assert not _run_check(when, _sent_evidence("Moved", text)), text
 
 
+def test_noon_is_twelve_o_clock():
+    """A 12:00 UTC meeting at "noon" or "midday" (UTC) is stated; "noon CET" is on another clock, "afternoon" says no time."""
+    when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "12:00"}}))
+    for text in ("Design critique moves to March 5 at noon UTC.", "Design critique: 2026-03-05, 12 noon (UTC)", "Design critique: March 5, midday UTC"):
+        assert _run_check(when, _sent_evidence("Moved", text)), text
+    for text in ("Design critique moves to March 5 at noon CET.", "Design critique moves to March 5 in the afternoon.",
+                 "Design critique moves to March 5, noon or 1pm UTC."):
+        assert not _run_check(when, _sent_evidence("Moved", text)), text
+
+
 def test_a_weekday_that_contradicts_its_date_fails():
     """Any message check: a weekday beside a date must be that date's ("Friday 2026-03-05" is a Thursday's
     date); with ``when`` also in words ("Friday, March 5th"), and as numbers either way round ("Friday

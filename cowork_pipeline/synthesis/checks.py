@@ -90,7 +90,7 @@ def _hedges(t):
     months = "(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z.]*"
     # (one literal between names: the sandbox compiles checkers by skeleton, which folded literals defeat)
     # (dates as numbers too, "3/5 or 3/6", "05.03. or 06.03.", and am/pm ranges: "3-4pm or 4-5pm")
-    value = "(?:[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]{1,2}/[0-9]{1,2}(?:/[0-9]{4})?|[0-9]{1,2}[.][0-9]{1,2}[.](?:[0-9]{4})?|[0-9]+[.][0-9]{2}|(?:[0-9]{1,2}(?::[0-9]{2})?-)?[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
+    value = "(?:[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]{1,2}/[0-9]{1,2}(?:/[0-9]{4})?|[0-9]{1,2}[.][0-9]{1,2}[.](?:[0-9]{4})?|[0-9]+[.][0-9]{2}|(?:[0-9]{1,2}(?::[0-9]{2})?-)?[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|noon|midday|[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
     if re.search("(?<![0-9a-z.:])" + value + "(?:[ ]+[a-z]{3})?[ ]+or[ ]+" + value + "(?![0-9a-z])", t) is not None:
         return True
     # a day of the month hedged with a bare second day: "march 5 or 6", "march 5th or 6th", "5 or 6 march"
@@ -552,12 +552,14 @@ _MONTHS = ["january", "february", "march", "april", "may", "june", "july", "augu
 
 
 def time_forms(hhmm: str) -> list[str]:
-    """How people write a time of day: 15:00, 3pm, 3 pm, 3:00 p.m., ... (lower case)."""
+    """How people write a time of day: 15:00, 3pm, 3 pm, 3:00 p.m., 15h00, noon ... (lower case)."""
     h, m = int(hhmm[:2]), int(hhmm[3:5])
     h12, ap = h % 12 or 12, "am" if h < 12 else "pm"
     forms = [f"{h:02d}:{m:02d}", f"{h}:{m:02d}", f"{h}.{m:02d}", f"{h:02d}h{m:02d}", f"{h}h{m:02d}"]  # (15h00: the french way)
     for hm in [f"{h12}:{m:02d}"] + ([str(h12)] if m == 0 else []):
         forms += [hm + ap, f"{hm} {ap}", f"{hm} {ap[0]}.m.", f"{hm}{ap[0]}.m."]
+    if (h, m) == (12, 0):
+        forms += ["noon", "midday"]  # ("12 noon" too; "afternoon" is no word edge)
     return list(dict.fromkeys(forms))
 
 
