@@ -341,6 +341,26 @@ def test_a_date_as_numbers_states_it_either_way_round_with_or_without_its_year()
         assert not _run_check(when, _sent_evidence("Moved", text)), text
 
 
+def test_a_booked_meeting_has_exactly_its_attendees_whether_or_not_the_organizer_lists_themself():
+    """``event_at``: the new event at the UTC instant, for the minutes asked, with exactly the attendees; the organizer
+    may list themself among them (many calendars do), but nobody else may be added or left out."""
+    code = source(CheckSpec("event_at", {"start_utc": "2026-03-05T15:00:00+00:00", "minutes": 60, "attendees": ["ana@ourco.example", "bo@ourco.example"],
+                                         "title": "Design critique"}))
+
+    def booked(attendees: list[str], start: str = "2026-03-05T16:00:00+01:00", end: str = "2026-03-05T17:00:00+01:00") -> dict[str, Any]:
+        e = {"id": "evt_1", "title": "Design critique", "start": start, "end": end, "attendees": attendees, "organizer": "me@ourco.example",
+             "status": "confirmed"}
+        return {"final": {"calendar.events": {"evt_1": e}}, "diff": {"calendar.events": {"added": {"evt_1": e}, "changed": {}, "removed": []}},
+                "audit": [], "replies": [], "profile": {"email": "me@ourco.example"}}
+
+    assert _run_check(code, booked(["bo@ourco.example", "ana@ourco.example"]))
+    assert _run_check(code, booked(["ana@ourco.example", "me@ourco.example", "bo@ourco.example"]))
+    assert not _run_check(code, booked(["ana@ourco.example"]))
+    assert not _run_check(code, booked(["ana@ourco.example", "bo@ourco.example", "cy@ourco.example"]))
+    assert not _run_check(code, booked(["ana@ourco.example", "me@ourco.example"]))
+    assert not _run_check(code, booked(["ana@ourco.example", "bo@ourco.example"], end="2026-03-05T16:30:00+01:00"))
+
+
 def test_noon_is_twelve_o_clock():
     """A 12:00 UTC meeting at "noon" or "midday" (UTC) is stated; "noon CET" is on another clock, "afternoon" says no time."""
     when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "12:00"}}))
@@ -990,6 +1010,23 @@ def test_a_checker_that_wants_the_reference_date_verbatim_is_overstrict(validato
     assert cert.reference_pass and not cert.certified and not cert.equivalent_pass
     [d] = cert.diagnostics
     assert d.code == "overstrict_checker" and d.item == item and "dates in messages written in words" in d.message, d
+    assert validator.certify(planted(spec)).certified
+
+
+def test_a_checker_that_wants_the_attendee_list_as_the_reference_wrote_it_is_overstrict(validator, outcomes):
+    """certify-13: the equivalent variant lists the organizer among a new event's attendees (as many calendars do), so
+    a booking check that compares the attendee list as the reference wrote it is caught as overstrict, and nothing
+    else about it is reported; the generated check itself passes that variant."""
+    spec = certified_spec(outcomes, "schedule_meeting")
+    item = "meeting_booked"
+    [original] = [r.code for r in spec.rubric if r.id == item]
+    exact = re.sub(r'sorted\(set\(e\["attendees"\]\) - \{e\["organizer"\]\}\) != sorted\(set\((\[[^\]]*\])\) - \{e\["organizer"\]\}\)',
+                   r'sorted(e["attendees"]) != \1', original)
+    assert exact != original
+    cert = validator.certify(planted(with_item_code(spec, item, exact)))
+    assert cert.reference_pass and not cert.certified and not cert.equivalent_pass
+    [d] = cert.diagnostics
+    assert d.code == "overstrict_checker" and d.item == item and "organizer listed among the attendees" in d.message, d
     assert validator.certify(planted(spec)).certified
 
 
@@ -2716,6 +2753,17 @@ def ctl_cc_myself(spec, turns, ref):
         yield f"cc {me} on {n} emails", _program(spec, m)
 
 
+def ctl_invite_myself(spec, turns, ref):
+    """CONTROL: every new event also lists the user (its organizer) among its attendees, as many calendars do. Must still pass."""
+    me, m, n = _profile_email(spec), copy.deepcopy(turns), 0
+    for ti, si in _write_sites(turns):
+        if turns[ti][si][0] == "calendar_create_event" and me not in turns[ti][si][1]["attendees"]:
+            m[ti][si][1]["attendees"] = list(turns[ti][si][1]["attendees"]) + [me]
+            n += 1
+    if n:
+        yield f"{me} among the attendees of {n} new events", _program(spec, m)
+
+
 def ctl_inbox_read_first(spec, turns, ref):
     """CONTROL: every inbox message opened before anything else (an agent catching up first). Must still pass."""
     inbox = sorted(i for i, r in spec.world.get("mail.messages", {}).items() if r.get("folder") == "inbox")
@@ -3219,7 +3267,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
              "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped,
              "update_retried (control)": ctl_update_retried, "text_record_extended (control)": ctl_text_record_extended,
-             "messages_reworded (control)": ctl_messages_reworded, "cc_myself (control)": ctl_cc_myself,
+             "messages_reworded (control)": ctl_messages_reworded, "cc_myself (control)": ctl_cc_myself, "invite_myself (control)": ctl_invite_myself,
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
              "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
              "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year,

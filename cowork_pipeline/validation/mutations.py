@@ -602,11 +602,12 @@ def _other_offset(v: str) -> str:
 def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
     """The reference's work done another correct way, which every item must still pass: each read-only
     call made twice, date-times given as the same instants in another UTC offset, amounts and dates in messages
-    written as people write them ($18,814.00, March 5, 2026). A checker that fails it is overfitted to the
-    reference's exact calls or strings (it counts look-ups, compares times as text, looks for "18814.00" or
-    "2026-03-05")."""
+    written as people write them ($18,814.00, March 5, 2026), the organizer listed among a new event's attendees.
+    A checker that fails it is overfitted to the reference's exact calls or strings (it counts look-ups, compares
+    times as text, looks for "18814.00" or "2026-03-05", wants the attendee list as the reference wrote it)."""
     turns: list[list[Step]] = []
     what: set[str] = set()
+    me = _my_email(env)
     for t in base:
         steps: list[Step] = []
         for s in t:
@@ -628,6 +629,9 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
                         v = _ISO_DATE.sub(lambda m: _in_words(m.group(1)), v)
                         what.add("dates in messages written in words")
                     args[p.name] = v
+                elif p.name == "attendees" and tool.mutates and isinstance(v, list) and me and me not in v:
+                    args[p.name] = [*v, me]  # as many calendars list their organizer
+                    what.add("the organizer listed among the attendees")
             step = Step(tool=s.tool, args=args) if args != s.args else s
             steps.append(step)
             if not tool.mutates:
