@@ -2194,6 +2194,57 @@ def ctl_update_retried(spec, turns, ref):
         return
 
 
+def ctl_writes_split(spec, turns, ref):
+    """CONTROL: an update of several fields made one field per call, and a document shared with several people one
+    person per call (the same final state by smaller steps). Must still pass."""
+    m, split = copy.deepcopy(turns), []
+    for ti, si in reversed(_write_sites(turns)):
+        tool, args, _ = turns[ti][si]
+        ids = {k: v for k, v in args.items() if k.endswith("_id")}
+        rest = {k: v for k, v in args.items() if k not in ids}
+        if tool.split("_", 1)[-1].startswith("update") and ids and len(rest) >= 2:
+            m[ti][si:si + 1] = [(tool, {**ids, k: v}, None) for k, v in rest.items()]
+            split.append(f"{tool} one field a call")
+        elif tool == "docs_share" and len(args.get("people") or []) >= 2:
+            m[ti][si:si + 1] = [(tool, {**ids, "people": [x]}, None) for x in args["people"]]
+            split.append("docs_share one person a call")
+    if split:
+        yield ", ".join(sorted(set(split))), _program(spec, m)
+
+
+def ctl_created_with_optional_fields(spec, turns, ref):
+    """CONTROL: every new record also given the optional text fields the reference left out (an event's agenda, a
+    task's notes), saying only what the task is about. Must still pass."""
+    m, filled = copy.deepcopy(turns), []
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if not tool.split("_", 1)[-1].startswith("create"):
+            continue
+        for p in REGISTRY[tool].params:
+            if not p.required and p.type == "string" and not p.enum and not p.format and p.name not in args and not p.name.endswith("_id") \
+                    and p.name in ("description", "notes", "note", "agenda"):
+                m[ti][si][1][p.name] = f"Set up for: {spec.title}."
+                filled.append(f"{tool}.{p.name}")
+    if filled:
+        yield ", ".join(filled), _program(spec, m)
+
+
+def ctl_event_in_a_local_time_zone(spec, turns, ref):
+    """CONTROL: every new event created in the Berlin time zone with local wall-clock times ("timezone":
+    "Europe/Berlin", start "2026-03-05T16:00:00" for 15:00 UTC): the same instants. Must still pass."""
+    from zoneinfo import ZoneInfo
+    m, n = copy.deepcopy(turns), 0
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "calendar_create_event" and args.get("timezone") in (None, "", "UTC"):
+            local = {k: datetime.fromisoformat(args[k].replace("Z", "+00:00")).astimezone(ZoneInfo("Europe/Berlin")).replace(tzinfo=None).isoformat()
+                     for k in ("start", "end")}
+            m[ti][si][1].update(local, timezone="Europe/Berlin")
+            n += 1
+    if n:
+        yield f"{n} new events in Europe/Berlin local time", _program(spec, m)
+
+
 def ctl_greeting_and_signature(spec, turns, ref):
     """CONTROL: every message with a greeting and a signature around the reference's text. Must still pass."""
     m = copy.deepcopy(turns)
@@ -3266,7 +3317,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "internal_note (control)": ctl_internal_note, "reply_to_all (control)": ctl_reply_to_all,
              "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
              "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped,
-             "update_retried (control)": ctl_update_retried, "text_record_extended (control)": ctl_text_record_extended,
+             "update_retried (control)": ctl_update_retried, "writes_split (control)": ctl_writes_split, "event_in_a_local_time_zone (control)": ctl_event_in_a_local_time_zone,
+             "created_with_optional_fields (control)": ctl_created_with_optional_fields, "text_record_extended (control)": ctl_text_record_extended,
              "messages_reworded (control)": ctl_messages_reworded, "cc_myself (control)": ctl_cc_myself, "invite_myself (control)": ctl_invite_myself,
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
              "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
