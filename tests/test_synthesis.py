@@ -2245,6 +2245,20 @@ def ctl_event_in_a_local_time_zone(spec, turns, ref):
         yield f"{n} new events in Europe/Berlin local time", _program(spec, m)
 
 
+def op_event_on_a_local_clock(spec, turns, ref):
+    """A new event given the UTC clock figures but created in the Berlin time zone ("timezone": "Europe/Berlin", start
+    "2026-03-05T15:00:00" for 15:00 UTC): an hour early."""
+    m, n = copy.deepcopy(turns), 0
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "calendar_create_event" and args.get("timezone") in (None, "", "UTC"):
+            naive = {k: datetime.fromisoformat(args[k].replace("Z", "+00:00")).replace(tzinfo=None).isoformat() for k in ("start", "end")}
+            m[ti][si][1].update(naive, timezone="Europe/Berlin")
+            n += 1
+    if n:
+        yield f"{n} new events on Berlin's clock with UTC figures", _program(spec, m)
+
+
 def ctl_greeting_and_signature(spec, turns, ref):
     """CONTROL: every message with a greeting and a signature around the reference's text. Must still pass."""
     m = copy.deepcopy(turns)
@@ -3318,6 +3332,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
              "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped,
              "update_retried (control)": ctl_update_retried, "writes_split (control)": ctl_writes_split, "event_in_a_local_time_zone (control)": ctl_event_in_a_local_time_zone,
+             "event_on_a_local_clock": op_event_on_a_local_clock,
              "created_with_optional_fields (control)": ctl_created_with_optional_fields, "text_record_extended (control)": ctl_text_record_extended,
              "messages_reworded (control)": ctl_messages_reworded, "cc_myself (control)": ctl_cc_myself, "invite_myself (control)": ctl_invite_myself,
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
