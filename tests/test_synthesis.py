@@ -219,6 +219,13 @@ def test_a_fact_may_be_said_in_any_of_its_phrasings_at_word_edges():
     assert not _run_check(code, _sent_evidence("Design critique", "See you in this office at 3."))
     assert not _run_check(code, _sent_evidence("Design critique", "It is off-site this week."))
     assert not _run_check(code, _sent_evidence("Design critique", "It is on as planned."))
+    # the cancellation notice's phrasings (composer data): US spellings and "will not go ahead" too
+    from cowork_pipeline.synthesis.composers.ops import CANCELLED
+    notice = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "says": [CANCELLED]}))
+    for body in ("We're canceling today's Design critique.", "Design critique will not go ahead today.", "Design critique won't go ahead."):
+        assert _run_check(notice, _sent_evidence("Update", body)), body
+    for body in ("Design critique will go ahead as planned.", "Design critique: cancel-proof, it goes ahead."):
+        assert not _run_check(notice, _sent_evidence("Update", body)), body
 
 
 def test_messages_naming_a_mistyped_identifier_fail():
@@ -2185,6 +2192,26 @@ def ctl_messages_reworded(spec, turns, ref):
         yield f"{n} messages reworded", _program(spec, m)
 
 
+REWORDINGS_AGAIN = [("is cancelled", "will not go ahead"), ("cancelled", "canceled"), ("is moved to", "has been pushed to"),
+                    ("moved to", "pushed to"), ("Thank you", "Cheers"), ("Thanks", "Cheers"), ("is now corrected to", "has been corrected to"),
+                    ("Escalated", "Bumped to urgent"), ("is marked won", "is now won"), ("Could you confirm?", "Can you confirm?")]
+
+
+def ctl_messages_reworded_again(spec, turns, ref):
+    """CONTROL: every message saying the same facts in yet other words ('will not go ahead' for 'is cancelled',
+    'pushed to' for 'moved to'). Must still pass."""
+    m = copy.deepcopy(turns)
+    n = 0
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = text
+        for a, b in REWORDINGS_AGAIN:
+            new = new.replace(a, b)
+        if new != text:
+            m[ti][si][1][k], n = new, n + 1
+    if n:
+        yield f"{n} messages reworded", _program(spec, m)
+
+
 def ctl_update_retried(spec, turns, ref):
     """CONTROL: the first update sent twice with the same values (a retry after a timeout). Must still pass."""
     for ti, si, tool, _args, _rec in _updates(spec, turns):
@@ -3334,7 +3361,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "update_retried (control)": ctl_update_retried, "writes_split (control)": ctl_writes_split, "event_in_a_local_time_zone (control)": ctl_event_in_a_local_time_zone,
              "event_on_a_local_clock": op_event_on_a_local_clock,
              "created_with_optional_fields (control)": ctl_created_with_optional_fields, "text_record_extended (control)": ctl_text_record_extended,
-             "messages_reworded (control)": ctl_messages_reworded, "cc_myself (control)": ctl_cc_myself, "invite_myself (control)": ctl_invite_myself,
+             "messages_reworded (control)": ctl_messages_reworded, "messages_reworded_again (control)": ctl_messages_reworded_again, "cc_myself (control)": ctl_cc_myself, "invite_myself (control)": ctl_invite_myself,
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
              "currency_first (control)": ctl_currency_first, "identifiers_lowercased (control)": ctl_identifiers_lowercased,
              "clock_with_am_pm (control)": ctl_clock_with_am_pm, "day_month_year (control)": ctl_day_month_year,

@@ -446,8 +446,9 @@ def ticket_duplicate_close(ctx: Ctx) -> Composition:
 CANCELS = ["Design critique", "Vendor review", "Customer advisory call", "Brand workshop", "Roadmap deep dive"]
 CHANNELS = ["design", "product-team", "marketing", "platform"]
 # What a notice may say instead of "cancelled" (the user asked that everyone knows the meeting "is off")
-CANCELLED = ["cancelled", "canceled", "cancel", "cancelling", "cancellation", "called off", "is off", "is not happening",
-             "will not take place", "won't take place", "no longer takes place", "will not happen", "won't happen"]
+CANCELLED = ["cancelled", "canceled", "cancel", "cancelling", "canceling", "cancellation", "called off", "is off", "is not happening",
+             "will not take place", "won't take place", "no longer takes place", "will not happen", "won't happen",
+             "will not go ahead", "won't go ahead", "is not going ahead"]
 
 
 @composer("calendar_cancel_notify")
