@@ -2194,7 +2194,9 @@ def ctl_messages_reworded(spec, turns, ref):
 
 REWORDINGS_AGAIN = [("is cancelled", "will not go ahead"), ("cancelled", "canceled"), ("is moved to", "has been pushed to"),
                     ("moved to", "pushed to"), ("Thank you", "Cheers"), ("Thanks", "Cheers"), ("is now corrected to", "has been corrected to"),
-                    ("Escalated", "Bumped to urgent"), ("is marked won", "is now won"), ("Could you confirm?", "Can you confirm?")]
+                    ("Escalated", "Bumped to urgent"), ("is marked won", "is now won"), ("Could you confirm?", "Can you confirm?"),
+                    ("I shared", "you now have access to"), ("is shared", "is now available to you"), ("the corrected amount is", "the amount is now"),
+                    ("this is a duplicate of", "this duplicates"), ("noted that", "we have noted that"), ("Open tasks for", "Tasks still open for")]
 
 
 def ctl_messages_reworded_again(spec, turns, ref):
