@@ -2288,6 +2288,17 @@ def op_event_on_a_local_clock(spec, turns, ref):
         yield f"{n} new events on Berlin's clock with UTC figures", _program(spec, m)
 
 
+def op_comment_visibility_flipped(spec, turns, ref):
+    """A ticket comment posted with the other visibility: the customer's acknowledgement as an internal note (they
+    never see it), an internal note as a public comment (the customer reads it)."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "helpdesk_add_comment" and isinstance(args.get("public"), bool):
+            m = copy.deepcopy(turns)
+            m[ti][si][1]["public"] = not args["public"]
+            yield f"comment on {args['ticket_id']} made {'internal' if args['public'] else 'public'}", _program(spec, m)
+
+
 def ctl_greeting_and_signature(spec, turns, ref):
     """CONTROL: every message with a greeting and a signature around the reference's text. Must still pass."""
     m = copy.deepcopy(turns)
@@ -3361,7 +3372,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "greeting_and_signature (control)": ctl_greeting_and_signature, "lists_reordered (control)": ctl_lists_reordered,
              "subject_reworded (control)": ctl_subject_reworded, "independent_writes_swapped (control)": ctl_independent_writes_swapped,
              "update_retried (control)": ctl_update_retried, "writes_split (control)": ctl_writes_split, "event_in_a_local_time_zone (control)": ctl_event_in_a_local_time_zone,
-             "event_on_a_local_clock": op_event_on_a_local_clock,
+             "event_on_a_local_clock": op_event_on_a_local_clock, "comment_visibility_flipped": op_comment_visibility_flipped,
              "created_with_optional_fields (control)": ctl_created_with_optional_fields, "text_record_extended (control)": ctl_text_record_extended,
              "messages_reworded (control)": ctl_messages_reworded, "messages_reworded_again (control)": ctl_messages_reworded_again, "cc_myself (control)": ctl_cc_myself, "invite_myself (control)": ctl_invite_myself,
              "inbox_read_first (control)": ctl_inbox_read_first, "texts_end_with_a_newline (control)": ctl_texts_end_with_a_newline,
