@@ -2177,19 +2177,24 @@ REWORDINGS = [("is cancelled", "has been called off"), ("cancelled", "called off
               ("is marked won", "is closed as won"), ("Open tasks for", "Still on the plate of"), ("Could you confirm?", "Does that work for you?")]
 
 
-def ctl_messages_reworded(spec, turns, ref):
-    """CONTROL: every message saying the same facts in other words ('called off' for 'cancelled', 'rescheduled
-    for' for 'moved to', 'many thanks'). Must still pass."""
+def _reworded(spec, turns, rewordings):
+    """The reference with every message's phrases replaced by ``rewordings`` ([(old, new)], in order)."""
     m = copy.deepcopy(turns)
     n = 0
     for ti, si, k, text in _outgoing_texts(turns):
         new = text
-        for a, b in REWORDINGS:
+        for a, b in rewordings:
             new = new.replace(a, b)
         if new != text:
             m[ti][si][1][k], n = new, n + 1
     if n:
         yield f"{n} messages reworded", _program(spec, m)
+
+
+def ctl_messages_reworded(spec, turns, ref):
+    """CONTROL: every message saying the same facts in other words ('called off' for 'cancelled', 'rescheduled
+    for' for 'moved to', 'many thanks'). Must still pass."""
+    yield from _reworded(spec, turns, REWORDINGS)
 
 
 REWORDINGS_AGAIN = [("is cancelled", "will not go ahead"), ("cancelled", "canceled"), ("is moved to", "has been pushed to"),
@@ -2202,16 +2207,7 @@ REWORDINGS_AGAIN = [("is cancelled", "will not go ahead"), ("cancelled", "cancel
 def ctl_messages_reworded_again(spec, turns, ref):
     """CONTROL: every message saying the same facts in yet other words ('will not go ahead' for 'is cancelled',
     'pushed to' for 'moved to'). Must still pass."""
-    m = copy.deepcopy(turns)
-    n = 0
-    for ti, si, k, text in _outgoing_texts(turns):
-        new = text
-        for a, b in REWORDINGS_AGAIN:
-            new = new.replace(a, b)
-        if new != text:
-            m[ti][si][1][k], n = new, n + 1
-    if n:
-        yield f"{n} messages reworded", _program(spec, m)
+    yield from _reworded(spec, turns, REWORDINGS_AGAIN)
 
 
 def ctl_update_retried(spec, turns, ref):
@@ -2258,34 +2254,34 @@ def ctl_created_with_optional_fields(spec, turns, ref):
         yield ", ".join(filled), _program(spec, m)
 
 
-def ctl_event_in_a_local_time_zone(spec, turns, ref):
-    """CONTROL: every new event created in the Berlin time zone with local wall-clock times ("timezone":
-    "Europe/Berlin", start "2026-03-05T16:00:00" for 15:00 UTC): the same instants. Must still pass."""
-    from zoneinfo import ZoneInfo
+def _new_events_on_berlin_time(spec, turns, local):
+    """The reference with every new UTC event created in Europe/Berlin, its start and end as ``local(utc_iso)``
+    gives them (a naive wall-clock time); None when it creates none."""
     m, n = copy.deepcopy(turns), 0
     for ti, si in _write_sites(turns):
         tool, args, _ = turns[ti][si]
         if tool == "calendar_create_event" and args.get("timezone") in (None, "", "UTC"):
-            local = {k: datetime.fromisoformat(args[k].replace("Z", "+00:00")).astimezone(ZoneInfo("Europe/Berlin")).replace(tzinfo=None).isoformat()
-                     for k in ("start", "end")}
-            m[ti][si][1].update(local, timezone="Europe/Berlin")
+            m[ti][si][1].update({k: local(datetime.fromisoformat(args[k].replace("Z", "+00:00"))) for k in ("start", "end")},
+                                timezone="Europe/Berlin")
             n += 1
-    if n:
-        yield f"{n} new events in Europe/Berlin local time", _program(spec, m)
+    return (n, _program(spec, m)) if n else None
+
+
+def ctl_event_in_a_local_time_zone(spec, turns, ref):
+    """CONTROL: every new event created in the Berlin time zone with local wall-clock times ("timezone":
+    "Europe/Berlin", start "2026-03-05T16:00:00" for 15:00 UTC): the same instants. Must still pass."""
+    from zoneinfo import ZoneInfo
+    made = _new_events_on_berlin_time(spec, turns, lambda t: t.astimezone(ZoneInfo("Europe/Berlin")).replace(tzinfo=None).isoformat())
+    if made:
+        yield f"{made[0]} new events in Europe/Berlin local time", made[1]
 
 
 def op_event_on_a_local_clock(spec, turns, ref):
     """A new event given the UTC clock figures but created in the Berlin time zone ("timezone": "Europe/Berlin", start
     "2026-03-05T15:00:00" for 15:00 UTC): an hour early."""
-    m, n = copy.deepcopy(turns), 0
-    for ti, si in _write_sites(turns):
-        tool, args, _ = turns[ti][si]
-        if tool == "calendar_create_event" and args.get("timezone") in (None, "", "UTC"):
-            naive = {k: datetime.fromisoformat(args[k].replace("Z", "+00:00")).replace(tzinfo=None).isoformat() for k in ("start", "end")}
-            m[ti][si][1].update(naive, timezone="Europe/Berlin")
-            n += 1
-    if n:
-        yield f"{n} new events on Berlin's clock with UTC figures", _program(spec, m)
+    made = _new_events_on_berlin_time(spec, turns, lambda t: t.replace(tzinfo=None).isoformat())
+    if made:
+        yield f"{made[0]} new events on Berlin's clock with UTC figures", made[1]
 
 
 def op_comment_visibility_flipped(spec, turns, ref):
