@@ -3272,6 +3272,22 @@ def ctl_answer_respectively(spec, turns, ref):
             yield f"turn {ti}: respectively", _answered(spec, turns, ti, _respectively(head, rows, [f"{float(r[1]):,.2f}" for r in rows]))
 
 
+def ctl_answer_as_a_numbered_list(spec, turns, ref):
+    """CONTROL: an answer's list numbered ("1. INV-1: ...") or with typographic bullets ("\u2022 INV-1: ..."), each
+    invoice named as "Invoice INV-1". Must still pass."""
+    for name, mark in (("numbered", lambda i: f"{i + 1}. "), ("bullets", lambda i: "\u2022 ")):
+        for ti, text in _answers(spec):
+            lines, i, out = text.split("\n"), 0, []
+            for line in lines:
+                if _ANSWER_LINE.fullmatch(line):
+                    out.append(mark(i) + "Invoice " + line[2:])
+                    i += 1
+                else:
+                    out.append(line)
+            if i:
+                yield f"turn {ti}: {name}", _answered(spec, turns, ti, "\n".join(out))
+
+
 def ctl_answer_amounts_with_a_decimal_comma(spec, turns, ref):
     """CONTROL: an answer's list with its amounts written the continental way ("- INV-1: 8.350,00 USD, due ...").
     Must still pass."""
@@ -3384,6 +3400,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "amounts_in_thousands (control)": ctl_amounts_in_thousands,
              "amounts_with_a_decimal_comma (control)": ctl_amounts_with_a_decimal_comma,
              "answer_amounts_with_a_decimal_comma (control)": ctl_answer_amounts_with_a_decimal_comma,
+             "answer_as_a_numbered_list (control)": ctl_answer_as_a_numbered_list,
              "amount_in_thousands_rounded": op_amount_in_thousands_rounded,
              "hedged_amount_in_thousands": op_hedged_amount_in_thousands,
              "amount_with_a_decimal_comma_a_cent_off": op_amount_with_a_decimal_comma_a_cent_off,
