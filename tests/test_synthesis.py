@@ -3288,6 +3288,16 @@ def ctl_answer_as_a_numbered_list(spec, turns, ref):
                 yield f"turn {ti}: {name}", _answered(spec, turns, ti, "\n".join(out))
 
 
+def op_answer_in_another_currency(spec, turns, ref):
+    """An answer's amounts labelled with another currency ("8350.00 USD" -> "8350.00 EUR", a hotel limit in EUR ->
+    the same figure in USD): the figures are there, the money is not."""
+    other = {"USD": "EUR", "EUR": "USD", "GBP": "EUR", "CHF": "EUR", "SGD": "USD", "CAD": "USD"}
+    for ti, text in _answers(spec):
+        new = re.sub(r"(\d) (USD|EUR|GBP|CHF|SGD|CAD)\b", lambda m: f"{m.group(1)} {other[m.group(2)]}", text)
+        if new != text:
+            yield f"turn {ti}: currency swapped", _answered(spec, turns, ti, new)
+
+
 def ctl_answer_amounts_with_a_decimal_comma(spec, turns, ref):
     """CONTROL: an answer's list with its amounts written the continental way ("- INV-1: 8.350,00 USD, due ...").
     Must still pass."""
@@ -3400,7 +3410,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "amounts_in_thousands (control)": ctl_amounts_in_thousands,
              "amounts_with_a_decimal_comma (control)": ctl_amounts_with_a_decimal_comma,
              "answer_amounts_with_a_decimal_comma (control)": ctl_answer_amounts_with_a_decimal_comma,
-             "answer_as_a_numbered_list (control)": ctl_answer_as_a_numbered_list,
+             "answer_as_a_numbered_list (control)": ctl_answer_as_a_numbered_list, "answer_in_another_currency": op_answer_in_another_currency,
              "amount_in_thousands_rounded": op_amount_in_thousands_rounded,
              "hedged_amount_in_thousands": op_hedged_amount_in_thousands,
              "amount_with_a_decimal_comma_a_cent_off": op_amount_with_a_decimal_comma_a_cent_off,
