@@ -363,6 +363,23 @@ def test_skeleton_instantiation_equals_compile_for_every_embedded_checker() -> N
     assert compiler.skeleton_chars == sum(map(len, compiler.skeletons))
 
 
+def test_a_when_checker_s_skeleton_does_not_depend_on_the_day_or_the_hour() -> None:
+    """The skeleton places equal strings on one placeholder, so a form equal to another form (or to a literal of the
+    prelude: "12:00") for some dates or times only would give those checkers a template of their own, compiled
+    again in every sandbox: a meeting at noon, at 16:00 and at 09:00 on the 5th, the 15th and the 25th share one."""
+    from cowork_pipeline.synthesis.checks import CheckSpec, source
+    from cowork_pipeline.validation.sandbox import _skeleton
+
+    def skeleton(day: str, time: str) -> str:
+        sk = _skeleton(source(CheckSpec("mail_sent", {"to": ["a@ourco.example"], "includes": ["Sync"], "when": {"date": day, "time": time}})))
+        assert sk is not None
+        return sk[0]
+
+    hours = {skeleton(day, time) for day in ("2026-03-05", "2026-03-15", "2026-03-25") for time in ("12:00", "16:00", "11:00")}
+    assert len(hours) == 1, len(hours)
+    assert skeleton("2026-03-05", "09:00") == skeleton("2026-03-25", "08:00")  # (a one-digit hour has one form fewer: its own)
+
+
 def test_skeleton_is_learnt_from_its_second_source() -> None:
     """A one-off source (an LLM's checker) costs one compile; the second source of a template
     compiles the skeleton once (checked against the first source's code), later ones none."""
