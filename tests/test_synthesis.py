@@ -3297,6 +3297,25 @@ def op_answer_in_another_currency(spec, turns, ref):
             yield f"turn {ti}: currency swapped", _answered(spec, turns, ti, new)
 
 
+def ctl_answer_currency_as_a_sign(spec, turns, ref):
+    """CONTROL: an answer's amounts with the currency's sign before them ("180 EUR" -> "\u20ac180", "210 GBP" -> "\u00a3210",
+    "300 SGD" -> "S$300", "8350.00 USD" -> "$8350.00"; CHF as "CHF 260"). Must still pass."""
+    signs = {"USD": "$", "EUR": "\u20ac", "GBP": "\u00a3", "SGD": "S$", "CAD": "C$", "CHF": "CHF "}
+    for ti, text in _answers(spec):
+        new = re.sub(r"\b(\d+(?:\.\d{2})?) (USD|EUR|GBP|SGD|CAD|CHF)\b", lambda m: signs[m.group(2)] + m.group(1), text)
+        if new != text:
+            yield f"turn {ti}: currency signs", _answered(spec, turns, ti, new)
+
+
+def op_answer_with_another_currency_sign(spec, turns, ref):
+    """An answer's amounts with another currency's sign before them ("8350.00 USD" -> "\u20ac8350.00", "180 EUR" -> "$180")."""
+    other = {"USD": "\u20ac", "EUR": "$", "GBP": "\u20ac", "SGD": "$", "CAD": "$", "CHF": "\u20ac"}
+    for ti, text in _answers(spec):
+        new = re.sub(r"\b(\d+(?:\.\d{2})?) (USD|EUR|GBP|SGD|CAD|CHF)\b", lambda m: other[m.group(2)] + m.group(1), text)
+        if new != text:
+            yield f"turn {ti}: another currency's sign", _answered(spec, turns, ti, new)
+
+
 def ctl_answer_amounts_with_a_decimal_comma(spec, turns, ref):
     """CONTROL: an answer's list with its amounts written the continental way ("- INV-1: 8.350,00 USD, due ...").
     Must still pass."""
@@ -3409,7 +3428,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "amounts_in_thousands (control)": ctl_amounts_in_thousands,
              "amounts_with_a_decimal_comma (control)": ctl_amounts_with_a_decimal_comma,
              "answer_amounts_with_a_decimal_comma (control)": ctl_answer_amounts_with_a_decimal_comma,
-             "answer_as_a_numbered_list (control)": ctl_answer_as_a_numbered_list, "answer_in_another_currency": op_answer_in_another_currency,
+             "answer_as_a_numbered_list (control)": ctl_answer_as_a_numbered_list, "answer_currency_as_a_sign (control)": ctl_answer_currency_as_a_sign,
+             "answer_with_another_currency_sign": op_answer_with_another_currency_sign, "answer_in_another_currency": op_answer_in_another_currency,
              "amount_in_thousands_rounded": op_amount_in_thousands_rounded,
              "hedged_amount_in_thousands": op_hedged_amount_in_thousands,
              "amount_with_a_decimal_comma_a_cent_off": op_amount_with_a_decimal_comma_a_cent_off,
