@@ -2635,13 +2635,20 @@ def ctl_dates_as_numbers(spec, turns, ref):
         yield "dates as '05/03/2026'", prog
 
 
+def _dates_retyped(spec, turns, formats, note="", answers=True):
+    """For each (name, format) of ``formats``: the reference with every ISO date in its messages (and answers, with
+    ``answers``) rewritten by ``format(match of _ISO_DAY)``, as ("dates as 'name'" + ``note``, program)."""
+    for name, fmt in formats:
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t), answers=answers)
+        if prog:
+            yield f"dates as '{name}'{note}", prog
+
+
 def ctl_dates_without_a_year(spec, turns, ref):
     """CONTROL: ISO dates in messages and answers written as numbers without the year, month first (2026-03-05 ->
     3/5, as in "Thursday 3/5 at 14:00 UTC") or day first with dots (05.03.). Must still pass."""
-    for name, fmt in (("m/d", lambda x: f"{int(x.group(2))}/{int(x.group(3))}"), ("dd.mm.", lambda x: f"{x.group(3)}.{x.group(2)}.")):
-        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t))
-        if prog:
-            yield f"dates as '{name}'", prog
+    yield from _dates_retyped(spec, turns, (("m/d", lambda x: f"{int(x.group(2))}/{int(x.group(3))}"),
+                                            ("dd.mm.", lambda x: f"{x.group(3)}.{x.group(2)}.")))
 
 
 def op_date_without_a_year_a_day_late(spec, turns, ref):
@@ -2649,18 +2656,14 @@ def op_date_without_a_year_a_day_late(spec, turns, ref):
     def late(x):
         d = datetime(int(x.group(1)), int(x.group(2)), int(x.group(3))) + timedelta(days=1)
         return f"{d.month}/{d.day}"
-    prog = _retyped(spec, turns, lambda t: _ISO_DAY.sub(late, t), answers=False)
-    if prog:
-        yield "dates as 'm/d', a day late", prog
+    yield from _dates_retyped(spec, turns, (("m/d", late),), ", a day late", answers=False)
 
 
 def op_dates_as_numbers_a_year_off(spec, turns, ref):
     """A message's dates as numbers with the next year (2026-03-05 -> 3/5/2027 and 05.03.2027): day and month right."""
-    for name, fmt in (("m/d/yyyy", lambda x: f"{int(x.group(2))}/{int(x.group(3))}/{int(x.group(1)) + 1}"),
-                      ("dd.mm.yyyy", lambda x: f"{x.group(3)}.{x.group(2)}.{int(x.group(1)) + 1}")):
-        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t), answers=False)
-        if prog:
-            yield f"dates as '{name}', a year late", prog
+    yield from _dates_retyped(spec, turns, (("m/d/yyyy", lambda x: f"{int(x.group(2))}/{int(x.group(3))}/{int(x.group(1)) + 1}"),
+                                            ("dd.mm.yyyy", lambda x: f"{x.group(3)}.{x.group(2)}.{int(x.group(1)) + 1}")),
+                              ", a year late", answers=False)
 
 
 _WEEKDAY_BESIDE_A_DAY = re.compile(r"\b(%s)(,? (?:the )?)(20[0-9]{2})-([01][0-9])-([0-3][0-9])\b" % "|".join(_WEEKDAYS))
@@ -2681,22 +2684,16 @@ def op_weekday_wrong_beside_a_date_without_a_year(spec, turns, ref):
 def ctl_dates_with_a_zero_padded_day(spec, turns, ref):
     """CONTROL: ISO dates in messages and answers with the month's name and the day as two digits, as email
     headers and many style guides write them (2026-03-05 -> "05 Mar 2026", "March 05, 2026"). Must still pass."""
-    for name, fmt in (("dd Mon yyyy", lambda x: f"{x.group(3)} {datetime(2000, int(x.group(2)), 1):%b} {x.group(1)}"),
-                      ("Month dd, yyyy", lambda x: f"{datetime(2000, int(x.group(2)), 1):%B} {x.group(3)}, {x.group(1)}")):
-        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t))
-        if prog:
-            yield f"dates as '{name}'", prog
+    yield from _dates_retyped(spec, turns, (("dd Mon yyyy", lambda x: f"{x.group(3)} {datetime(2000, int(x.group(2)), 1):%b} {x.group(1)}"),
+                                            ("Month dd, yyyy", lambda x: f"{datetime(2000, int(x.group(2)), 1):%B} {x.group(3)}, {x.group(1)}")))
 
 
 def ctl_dates_year_first(spec, turns, ref):
     """CONTROL: ISO dates in messages and answers written year first with slashes or dots, as much of East Asia
     writes them (2026-03-05 -> 2026/03/05, 2026/3/5, 2026.03.05). Must still pass."""
-    for name, fmt in (("yyyy/mm/dd", lambda x: f"{x.group(1)}/{x.group(2)}/{x.group(3)}"),
-                      ("yyyy/m/d", lambda x: f"{x.group(1)}/{int(x.group(2))}/{int(x.group(3))}"),
-                      ("yyyy.mm.dd", lambda x: f"{x.group(1)}.{x.group(2)}.{x.group(3)}")):
-        prog = _retyped(spec, turns, lambda t, fmt=fmt: _ISO_DAY.sub(fmt, t))
-        if prog:
-            yield f"dates as '{name}'", prog
+    yield from _dates_retyped(spec, turns, (("yyyy/mm/dd", lambda x: f"{x.group(1)}/{x.group(2)}/{x.group(3)}"),
+                                            ("yyyy/m/d", lambda x: f"{x.group(1)}/{int(x.group(2))}/{int(x.group(3))}"),
+                                            ("yyyy.mm.dd", lambda x: f"{x.group(1)}.{x.group(2)}.{x.group(3)}")))
 
 
 def op_dates_year_first_a_day_late(spec, turns, ref):
@@ -2704,9 +2701,7 @@ def op_dates_year_first_a_day_late(spec, turns, ref):
     def late(x):
         d = datetime(int(x.group(1)), int(x.group(2)), int(x.group(3))) + timedelta(days=1)
         return f"{d:%Y/%m/%d}"
-    prog = _retyped(spec, turns, lambda t: _ISO_DAY.sub(late, t))
-    if prog:
-        yield "dates as 'yyyy/mm/dd', a day late", prog
+    yield from _dates_retyped(spec, turns, (("yyyy/mm/dd", late),), ", a day late")
 
 
 def op_weekday_wrong_beside_a_year_first_date(spec, turns, ref):
