@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import dagster as dg
 import polars as pl
 
-from cowork_pipeline.lake import Lake, Lineage
+from cowork_pipeline.lake import ANY_PUBLISHED, Lake, Lineage
 from cowork_pipeline.quality import Expect, validate
 
 
@@ -23,9 +23,10 @@ def lineage(context: Any, asset: str, code_version: str, upstream: dict[str, int
 
 def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, suite: Sequence[Expect], lin: Lineage,
                   key: Sequence[str] | None = None, partition: tuple[str, str] | None = None,
-                  audit_df: pl.DataFrame | None = None) -> tuple[dg.MaterializeResult, dg.AssetCheckResult]:
+                  audit_df: pl.DataFrame | None = None, if_published: int | None = ANY_PUBLISHED) -> tuple[dg.MaterializeResult, dg.AssetCheckResult]:
     """Write ``df`` (a partition's rows when ``partition=(column, value)``: replaced, never duplicated), validate it,
-    and promote that exact Delta version only when the suite passes. Returns the asset's and check's results."""
+    and promote that exact Delta version only when the suite passes (and, with ``if_published``, only while that
+    version is the published one: else PublishConflict, see Lake.promote). Returns the asset's and check's results."""
     if partition is not None:
         col, value = partition
         version = lake.write(table, df, lineage=lin, mode="overwrite", replace_where=f"{col} = '{value}'")
@@ -36,7 +37,7 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
     result = validate(audit_df if audit_df is not None else df, table, suite)
     if result.success:
         lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True},
-                     **({"partition": partition[1], "partition_column": partition[0]} if partition else {}))
+                     **({"partition": partition[1], "partition_column": partition[0]} if partition else {}), if_published=if_published)
     meta = {"delta_version": version, "rows": len(df), "table_uri": lake.uri(table), "run_id": lin.run_id,
             "promoted": result.success, "upstream_versions": dg.MetadataValue.json(dict(lin.upstream_versions)),
             "history": history_md(lake, table)}

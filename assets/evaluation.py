@@ -7,12 +7,13 @@ from dagster import AssetExecutionContext
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
 from cowork_pipeline.evaluation import Contestant, comparison_table, markdown_table, rebase, report, score_contestants
-from cowork_pipeline.lake import NotPromoted
+from cowork_pipeline.lake import ANY_PUBLISHED, NotPromoted, PublishConflict
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.training.registry import checkpoint_key, latest_trained
 from resources import AgentsResource, ComputeResource, LakeResource, ProfileResource
 
 HELDOUT = ("heldout_env", "heldout_capability")
+_PUBLISH_ATTEMPTS = 5  # another `cowork eval` publishing between our read and our promotion, again and again
 TEACHER_KEY = "teacher:embedded"  # the reference program: what it does is fixed by the environment and the code
 
 
@@ -23,18 +24,18 @@ def _libraries() -> dict[str, str]:
     return {lib: version(lib) for lib in ("torch", "transformers", "peft")}
 
 
-def _previous_scores(context: AssetExecutionContext, lk) -> pl.DataFrame | None:
-    """The promoted benchmark_scores (None when there are none yet or they cannot be read: then everything is
-    scored again, and the reason is logged)."""
+def _previous_scores(context: AssetExecutionContext, lk) -> tuple[pl.DataFrame | None, int | None]:
+    """(the promoted benchmark_scores, their version): (None, None) when there are none yet, (None, ANY_PUBLISHED) when
+    they cannot be read (then everything is scored again, and the reason is logged)."""
     if not lk.exists("benchmark_scores"):
-        return None
+        return None, None
     try:
-        return lk.read_promoted("benchmark_scores")[0]
+        return lk.read_promoted("benchmark_scores")
     except NotPromoted:  # written once, never promoted: nothing trustworthy to keep
-        return None
+        return None, None
     except Exception as e:  # noqa: BLE001 - a cache: an unreadable table costs a re-score, never the run
         context.log.warning(f"earlier benchmark_scores not reused ({type(e).__name__}: {e}); scoring every agent")
-        return None
+        return None, ANY_PUBLISHED
 
 
 def _agents(ckpts: pl.DataFrame) -> list[dict]:
@@ -83,7 +84,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
     remote = [Contestant(a.name, ckpt_id, a.key(), build=lambda a=a: a, config=a.describe(), always=True) for ckpt_id, a in endpoints]
     teacher = Contestant("teacher:embedded", "teacher-embedded", TEACHER_KEY, per_environment=EmbeddedTeacher)
 
-    previous = _previous_scores(context, lk)
+    previous, _ = _previous_scores(context, lk)
     with Sandbox(workers=profile.sandbox_workers) as sb:
         # an agent unchanged since an earlier run scored it on these very environments keeps those trials
         result = score_contestants([*students, *remote, teacher], envs, sb, run_id=context.run.run_id, trials=profile.eval_trials,
@@ -92,20 +93,30 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                    keep_others=agents.keeps_earlier)
     for _, a in endpoints:
         context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
-    # another run may have written the table meanwhile (a second `cowork eval`): keep what it added
-    result = rebase(result, previous, _previous_scores(context, lk), agents.keeps_earlier)
-    trials = result.trials
-    table = comparison_table(trials)
-    text = report(trials, f"Benchmark report (profile {profile.name}, run {context.run.run_id[:8]})")
+    # another run may have written the table meanwhile (a second `cowork eval`): keep what it added, and publish only
+    # on the version that was read, or read and merge again
+    for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+        latest, published = _previous_scores(context, lk)
+        result = rebase(result, previous, latest, agents.keeps_earlier)
+        trials = result.trials
+        table = comparison_table(trials)
+        text = report(trials, f"Benchmark report (profile {profile.name}, run {context.run.run_id[:8]})")
+        try:
+            mat, check = write_checked(context, lk, "benchmark_scores", trials, lin=lineage(context, "benchmark_scores", "1", upstream),
+                                       suite=[Expect("ExpectColumnValuesToBeBetween", {"column": "score", "min_value": 0.0, "max_value": 1.0}),
+                                              Expect("ExpectColumnValuesToNotBeNull", {"column": "env_id"}),
+                                              Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})],
+                                       if_published=published)
+            break
+        except PublishConflict as e:
+            if attempt == _PUBLISH_ATTEMPTS:
+                raise
+            context.log.info(f"benchmark_scores changed while this run wrote them; merging again ({e})")
     report_path = None
     if "://" not in lk.root:
         report_path = model_dir(lk, "..", "reports", f"benchmark_{context.run.run_id[:8]}.md").resolve()
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(text)
-    mat, check = write_checked(context, lk, "benchmark_scores", trials, lin=lineage(context, "benchmark_scores", "1", upstream),
-                               suite=[Expect("ExpectColumnValuesToBeBetween", {"column": "score", "min_value": 0.0, "max_value": 1.0}),
-                                      Expect("ExpectColumnValuesToNotBeNull", {"column": "env_id"}),
-                                      Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})])
     mat.metadata.update({"comparison": dg.MetadataValue.md(markdown_table(table)), "report": dg.MetadataValue.md(text),
                          "report_path": str(report_path) if report_path else "",
                          "plot": _plot(table), "heldout_environments": len(envs), "benchmark_key": result.benchmark_key,

@@ -74,6 +74,13 @@ class NotPromoted(LakeError):
     """The table has no promoted version yet (write-audit-publish not completed)."""
 
 
+class PublishConflict(LakeError):
+    """A conditional promotion found another version published than the one it was planned on."""
+
+
+ANY_PUBLISHED: Any = object()  # promote(..., if_published=ANY_PUBLISHED): publish whatever is published now
+
+
 @dataclass(frozen=True)
 class Lineage:
     run_id: str  # Dagster run id (or "local-..." outside Dagster)
@@ -422,6 +429,7 @@ class Lake:
         checks: dict[str, bool] | None = None,
         partition: str | None = None,
         partition_column: str | None = None,
+        if_published: int | None = ANY_PUBLISHED,
     ) -> None:
         """Publish ``version`` of ``table`` to downstream readers.
 
@@ -435,6 +443,12 @@ class Lake:
         versions, so a partition whose checks failed never leaks into readers via
         a later version promoted for another partition. ``partition`` alone is
         recorded for audit but publishes the whole table at ``version``.
+
+        ``if_published`` (a version, or None for "nothing yet") makes it a compare-and-set:
+        ``version`` is published only while the table's published version is that one, else
+        PublishConflict and nothing is recorded. A writer that read the published rows, merged
+        its own in and wrote the result uses it so that it never drops what another writer
+        published meanwhile: on a conflict it reads again and merges again.
         """
         if partition_column is not None and partition is None:
             raise ValueError("partition_column needs partition (the partition's value)")
@@ -462,19 +476,34 @@ class Lake:
         target = f"{table}@{version}" + (f" [{partition}]" if partition is not None else "")
         metadata = {"run_id": run_id, "asset": "promote", "promoted": target}
 
+        conditional = if_published is not ANY_PUBLISHED
+
         def attempt() -> None:
             # Append-only: appends never conflict with each other (delta-rs retries
             # them itself); creation is exclusive, as in write(), and retried by us.
-            create = not self.exists(PROMOTIONS_TABLE)
+            # A conditional append is checked against the log it commits after and
+            # must commit right after it (no retries by delta-rs, which would not
+            # check again): a conflict comes back here to check the new log.
+            try:
+                log: DeltaTable | None = DeltaTable(uri, storage_options=self.storage_options)
+            except TableNotFoundError:
+                log = None
+            if conditional:
+                now = _Published.replay(self._promotion_rows(log, table)).version() if log is not None else None
+                if now != if_published:
+                    raise PublishConflict(
+                        f"cannot promote {self._where(table)} version {version}: it was planned on "
+                        f"published version {if_published}, and version {now} is published now"
+                    )
             write_deltalake(
-                uri,
+                uri if log is None else log,
                 row.to_arrow(),
-                mode="error" if create else "append",
+                mode="error" if log is None else "append",
                 # Many tiny commits: checkpoint often so opening the log stays fast.
-                configuration={"delta.checkpointInterval": "10"} if create else None,
+                configuration={"delta.checkpointInterval": "10"} if log is None else None,
                 storage_options=self.storage_options,
                 commit_properties=CommitProperties(
-                    custom_metadata=metadata, max_commit_retries=0 if create else None
+                    custom_metadata=metadata, max_commit_retries=0 if log is None or conditional else None
                 ),
             )
 
@@ -495,8 +524,10 @@ class Lake:
         """The promotion log (oldest first), optionally for one table."""
         if not self.exists(PROMOTIONS_TABLE):
             return pl.DataFrame(schema=_PROMOTIONS_SCHEMA)
+        return self._promotion_rows(self._open(PROMOTIONS_TABLE), table)
+
+    def _promotion_rows(self, dt: DeltaTable, table: str | None) -> pl.DataFrame:
         where = "" if table is None else f' WHERE "table" = {_quote_literal(table)}'
-        dt = self._open(PROMOTIONS_TABLE)
         try:
             # promoted_at orders promotions; version breaks exact-microsecond ties.
             return _query(dt, f'SELECT * FROM t{where} ORDER BY promoted_at, "version"')

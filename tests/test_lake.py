@@ -20,6 +20,7 @@ from cowork_pipeline.lake import (
     LakeError,
     Lineage,
     NotPromoted,
+    PublishConflict,
     TableNotFound,
 )
 
@@ -231,6 +232,62 @@ def test_promote_and_read_promoted(lake: Lake) -> None:
     # promotions of one table never leak into another
     lake.write("other", envs([7]), lineage=LIN, key=["env_id"])
     assert lake.promoted_version("other") is None
+
+
+def test_conditional_promotion_publishes_only_on_the_version_it_was_planned_on(lake: Lake) -> None:
+    v0 = lake.write("envs", envs([1]), lineage=lin("r0"), key=["env_id"])
+    with pytest.raises(PublishConflict, match=r"planned on published version 3, and version None"):
+        lake.promote("envs", v0, run_id="r0", if_published=3)
+    assert not lake.exists("_promotions") or lake.promotions("envs").height == 0  # nothing recorded
+    lake.promote("envs", v0, run_id="r0", if_published=None)  # nothing published yet, as planned
+    v1 = lake.write("envs", envs([2]), lineage=lin("r1"), key=["env_id"])
+    v2 = lake.write("envs", envs([3]), lineage=lin("r2"), key=["env_id"])
+    lake.promote("envs", v1, run_id="r1", if_published=v0)
+    with pytest.raises(PublishConflict, match=rf"version {v2}: it was planned on published version {v0}, and version {v1}"):
+        lake.promote("envs", v2, run_id="r2", if_published=v0)  # r1 published meanwhile
+    assert lake.promoted_version("envs") == v1 and lake.promotions("envs").height == 2
+    lake.write("other", envs([7]), lineage=LIN, key=["env_id"])
+    lake.promote("other", 0, run_id="o", if_published=None)  # other tables' promotions are no conflict
+    lake.promote("envs", v2, run_id="r2", if_published=v1)
+    assert lake.promoted_version("envs") == v2
+
+
+def test_read_merge_publish_writers_never_drop_each_others_rows(lake: Lake) -> None:
+    """Writers that read the published table, add their row and overwrite it (as benchmark_scores does) keep every
+    row when each publishes conditionally and merges again on a conflict: all read the same version first, so all but
+    one conflict at least once."""
+    lake.write("scores", envs([0]), lineage=lin("seed"), mode="overwrite")
+    lake.promote("scores", 0, run_id="seed")
+    writers = 4
+    first_read = threading.Barrier(writers)
+    conflicts: list[int] = []
+    errors: list[BaseException] = []
+
+    def work(w: int) -> None:
+        try:
+            for attempt in range(20):
+                published, v = lake.read_promoted("scores")
+                if attempt == 0:
+                    first_read.wait()
+                merged = pl.concat([published.drop(LINEAGE_COLUMNS), envs([w + 1])])
+                written = lake.write("scores", merged, lineage=lin(f"w{w}"), mode="overwrite")
+                try:
+                    lake.promote("scores", written, run_id=f"w{w}", if_published=v)
+                    return
+                except PublishConflict:
+                    conflicts.append(w)
+            raise AssertionError(f"writer {w} never published")
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(lake.read_promoted("scores")[0]["env_id"].to_list()) == [f"e{i}" for i in range(writers + 1)]
+    assert len(conflicts) >= writers - 1
 
 
 def caps(cap: str, n: int, tag: str) -> pl.DataFrame:
