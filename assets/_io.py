@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import dagster as dg
 import polars as pl
 
-from cowork_pipeline.lake import ANY_PUBLISHED, Lake, Lineage
+from cowork_pipeline.lake import ANY_PUBLISHED, Lake, Lineage, PublishConflict
 from cowork_pipeline.quality import Expect, validate
 
 
@@ -21,23 +21,38 @@ def lineage(context: Any, asset: str, code_version: str, upstream: dict[str, int
     return Lineage(context.run.run_id, asset, code_version, upstream)
 
 
+_PUBLISH_ATTEMPTS = 5  # a keyed write merged again onto another run's, published between our merge and our promotion
+
+
 def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, suite: Sequence[Expect], lin: Lineage,
                   key: Sequence[str] | None = None, partition: tuple[str, str] | None = None,
                   audit_df: pl.DataFrame | None = None, if_published: int | None = ANY_PUBLISHED) -> tuple[dg.MaterializeResult, dg.AssetCheckResult]:
     """Write ``df`` (a partition's rows when ``partition=(column, value)``: replaced, never duplicated), validate it,
     and promote that exact Delta version only when the suite passes (and, with ``if_published``, only while that
     version is the published one: else PublishConflict, see Lake.promote). Returns the asset's and check's results."""
-    if partition is not None:
-        col, value = partition
-        version = lake.write(table, df, lineage=lin, mode="overwrite", replace_where=f"{col} = '{value}'")
-    elif key:
-        version = lake.write(table, df, lineage=lin, key=key, mode="merge")
-    else:
-        version = lake.write(table, df, lineage=lin, mode="overwrite")
     result = validate(audit_df if audit_df is not None else df, table, suite)
-    if result.success:
-        lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True},
-                     **({"partition": partition[1], "partition_column": partition[0]} if partition else {}), if_published=if_published)
+    scope = {"partition": partition[1], "partition_column": partition[0]} if partition else {}
+    merged = bool(key) and partition is None
+    for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+        published = if_published
+        if partition is not None:
+            col, value = partition
+            version = lake.write(table, df, lineage=lin, mode="overwrite", replace_where=f"{col} = '{value}'")
+        elif merged:
+            # keyed rows go onto the published rows (never onto a failed write's), and are published only while those
+            # still are: a run's merge published meanwhile is merged onto in the next attempt
+            published = lake.promoted_version(table) if lake.exists(table) else None
+            version = lake.write(table, df, lineage=lin, key=key, mode="merge", onto=published)
+        else:
+            version = lake.write(table, df, lineage=lin, mode="overwrite")
+        if not result.success:
+            break
+        try:
+            lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True}, **scope, if_published=published)
+            break
+        except PublishConflict:
+            if not merged or attempt == _PUBLISH_ATTEMPTS:
+                raise  # a caller that planned on what was published (benchmark_scores) merges again itself
     meta = {"delta_version": version, "rows": len(df), "table_uri": lake.uri(table), "run_id": lin.run_id,
             "promoted": result.success, "upstream_versions": dg.MetadataValue.json(dict(lin.upstream_versions)),
             "history": history_md(lake, table)}

@@ -241,6 +241,7 @@ class Lake:
         mode: WriteMode = "merge",
         partition_by: Sequence[str] | None = None,
         replace_where: str | None = None,
+        onto: int | None = ANY_PUBLISHED,
     ) -> int:
         """Write ``df`` (plus lineage columns) and return the new Delta version.
 
@@ -254,6 +255,12 @@ class Lake:
         New columns are added to the table schema (schema evolution). ``partition_by``
         applies when the table is created. Commit conflicts with concurrent writers
         are retried with jittered backoff. An empty ``df`` still creates the table.
+
+        ``onto`` (merge only: a version, or None for no rows) merges onto that version of
+        the table, its published one, instead of the latest: versions written after it
+        (rows that failed their checks, or a concurrent writer's not yet promoted) are
+        undone first by a restore committed right before the merge, so publishing the
+        result publishes only what was published plus ``df``.
         """
         if mode not in ("merge", "append", "overwrite"):
             raise ValueError(f"unknown write mode {mode!r}")
@@ -262,6 +269,9 @@ class Lake:
             raise ValueError(f"write to {table!r}: mode='merge' needs key=[...] (or use mode='append')")
         if replace_where is not None and mode != "overwrite":
             raise ValueError("replace_where is only valid with mode='overwrite'")
+        rebase = onto is not ANY_PUBLISHED
+        if rebase and mode != "merge":
+            raise ValueError("onto is only valid with mode='merge'")
         uri = self.uri(table)
         missing = [k for k in [*keys, *(partition_by or [])] if k not in df.columns]
         if missing:
@@ -303,6 +313,16 @@ class Lake:
                     ),
                 )
                 return self._find_commit(table, write_id)
+            if rebase and dt.version() != onto:
+                # Undo what was written after ``onto``; the merge must then commit right
+                # after this restore (no retries by delta-rs, which would merge onto
+                # whatever landed in between): a conflict comes back here to look again.
+                undo = CommitProperties(custom_metadata={**lineage.commit_metadata(), "onto": str(onto)}, max_commit_retries=0)
+                if onto is None:
+                    dt.delete(commit_properties=undo)
+                else:
+                    dt.restore(onto, commit_properties=undo)
+                data = _to_arrow(df, _target_schema(dt))
             if data.num_rows == 0 and mode != "overwrite":
                 return dt.version()  # nothing to add; don't make an empty commit
             if mode == "merge":
@@ -314,7 +334,7 @@ class Lake:
                         source_alias="s",
                         target_alias="t",
                         merge_schema=True,
-                        commit_properties=commit,
+                        commit_properties=CommitProperties(custom_metadata=lineage.commit_metadata(), max_commit_retries=0) if rebase else commit,
                     )
                     .when_matched_update_all()
                     .when_not_matched_insert_all()

@@ -252,6 +252,23 @@ def test_conditional_promotion_publishes_only_on_the_version_it_was_planned_on(l
     assert lake.promoted_version("envs") == v2
 
 
+def test_merge_onto_the_published_version_undoes_the_versions_after_it(lake: Lake) -> None:
+    v0 = lake.write("envs", envs([1, 2]), lineage=lin("r0"), key=["env_id"])
+    lake.promote("envs", v0, run_id="r0")
+    lake.write("envs", envs([2, 9], tag="failed"), lineage=lin("bad"), key=["env_id"])  # never promoted
+    v = lake.write("envs", envs([3]), lineage=lin("r2"), key=["env_id"], onto=v0)
+    assert v == lake.version("envs") == 3  # a restore to v0 (2), then the merge (3)
+    assert sorted_data(lake.read("envs")).equals(sorted_data(pl.concat([envs([1, 2]), envs([3])])))
+    assert set(lake.read("envs")["_run_id"]) == {"r0", "r2"}  # rows written before keep their lineage
+    assert lake.write("envs", envs([]), lineage=lin("r3"), key=["env_id"], onto=v0) == 4  # nothing to add: just undone
+    assert sorted(lake.read("envs")["env_id"]) == ["e1", "e2"]
+    assert lake.write("envs", envs([5]), lineage=lin("r4"), key=["env_id"], onto=None) == 6  # nothing published: no rows
+    assert lake.read("envs")["env_id"].to_list() == ["e5"]
+    assert lake.write("envs", envs([6]), lineage=lin("r5"), key=["env_id"], onto=6) == 7  # at it already: a merge only
+    with pytest.raises(ValueError, match="onto is only valid with mode='merge'"):
+        lake.write("envs", envs([1]), lineage=LIN, mode="append", onto=0)
+
+
 def test_read_merge_publish_writers_never_drop_each_others_rows(lake: Lake) -> None:
     """Writers that read the published table, add their row and overwrite it (as benchmark_scores does) keep every
     row when each publishes conditionally and merges again on a conflict: all read the same version first, so all but

@@ -60,6 +60,48 @@ def wap_downstream(context: dg.AssetExecutionContext, lake: LakeResource):
     return None
 
 
+class RegistryRows(dg.Config):
+    rows: dict[str, int]
+
+
+@dg.asset(check_specs=[check_spec("wap_registry", "values not negative")])
+def wap_registry(context: dg.AssetExecutionContext, lake: LakeResource, config: RegistryRows):
+    """Keyed rows merged into the table, as the checkpoint registries are."""
+    rows = config.rows
+    df = pl.DataFrame({"id": list(rows), "value": list(rows.values())})
+    mat, check = write_checked(context, lake.lake(), "wap_registry", df, key=["id"], lin=Lineage(context.run.run_id, "wap_registry", "1", {}),
+                               suite=[Expect("ExpectColumnValuesToBeBetween", {"column": "value", "min_value": 0})])
+    yield mat
+    yield check
+
+
+def _register(instance, lake_res, rows):
+    return dg.materialize([wap_registry], instance=instance, resources={"lake": lake_res},
+                          run_config={"ops": {"wap_registry": {"config": {"rows": rows}}}}, raise_on_error=False)
+
+
+def test_merged_rows_that_failed_their_check_are_never_published_by_a_later_merge(tmp_path):
+    """A keyed merge writes onto the published rows, not onto a failed write's: the rows that failed their check stay
+    in the table's history and out of every later published version."""
+    instance = dg.DagsterInstance.ephemeral()
+    lake_res = LakeResource(root=str(tmp_path / "lake"))
+    lake = lake_res.lake()
+    assert _register(instance, lake_res, {"a": 1, "b": 2}).success
+    bad = _register(instance, lake_res, {"bad": -1, "a": -5})
+    assert not bad.get_asset_check_evaluations()[0].passed
+    assert sorted(lake.read("wap_registry")["id"].to_list()) == ["a", "b", "bad"]  # written: the audit trail
+    assert _register(instance, lake_res, {"c": 3, "b": 20}).success
+    df, v = lake.read_promoted("wap_registry")
+    assert v == lake.version("wap_registry")
+    assert dict(zip(*df.sort("id").select("id", "value").to_dict(as_series=False).values())) == {"a": 1, "b": 20, "c": 3}
+    assert set(df["_run_id"]) == {r.run_id for r in instance.get_runs() if r.run_config["ops"]["wap_registry"]["config"]["rows"].get("a") != -5}
+    # a table whose only write failed publishes nothing of it
+    lake_res2 = LakeResource(root=str(tmp_path / "lake2"))
+    assert not _register(instance, lake_res2, {"bad": -1}).get_asset_check_evaluations()[0].passed
+    assert _register(instance, lake_res2, {"ok": 1}).success
+    assert lake_res2.lake().read_promoted("wap_registry")[0]["id"].to_list() == ["ok"]
+
+
 def _materialize(instance, lake_res, ids):
     return dg.materialize([wap_table, wap_downstream], instance=instance, resources={"lake": lake_res},
                           run_config={"ops": {"wap_table": {"config": {"ids": ids}}}}, raise_on_error=False)
@@ -92,6 +134,39 @@ def test_failed_check_blocks_downstream_and_never_promotes(tmp_path):
                            resources={"lake": lake_res})
     mat = alone.get_asset_materialization_events()[0].materialization
     assert mat.metadata["read_version"].value == v_good and mat.metadata["rows"].value == 3
+
+
+def test_concurrent_keyed_writes_publish_every_passing_row_and_no_failing_one(tmp_path):
+    """Runs merging keyed rows into one table at once (two RL runs registering checkpoints): each passing write is
+    published, together with the others' (none is rolled back by a later promotion of an earlier merge), and the
+    failing one never is, whatever the interleaving."""
+    import threading
+
+    lake = Lake(str(tmp_path / "lake"))
+    suite = [Expect("ExpectColumnValuesToBeBetween", {"column": "value", "min_value": 0})]
+    write_checked(None, lake, "registry", pl.DataFrame({"id": ["seed"], "value": [0]}), key=["id"], suite=suite,
+                  lin=Lineage("seed", "registry", "1", {}))
+    rows = {f"w{w}": (-1 if w == 2 else w) for w in range(6)}
+    start, errors = threading.Barrier(len(rows)), []
+
+    def work(name: str) -> None:
+        start.wait()
+        try:
+            write_checked(None, lake, "registry", pl.DataFrame({"id": [name], "value": [rows[name]]}), key=["id"], suite=suite,
+                          lin=Lineage(name, "registry", "1", {}))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in rows]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    df, _ = lake.read_promoted("registry")
+    assert sorted(df["id"].to_list()) == sorted(["seed", *(n for n, v in rows.items() if v >= 0)])
+    # the failing rows were written (the audit trail), then undone before the next merge
+    assert any("w2" in lake.read("registry", version=v)["id"].to_list() for v in range(lake.version("registry") + 1))
 
 
 def test_downstream_of_never_promoted_table_fails_clearly(tmp_path):
