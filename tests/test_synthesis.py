@@ -289,6 +289,28 @@ def test_an_amount_in_thousands_or_with_a_decimal_comma_is_stated_exactly():
     assert not _run_check(answer, said("Overdue: INV-1 ($8.35k) and INV-2 ($2.1k), $10.5k in all."))
 
 
+def test_a_figure_inside_a_record_number_is_no_amount():
+    """A record's number made of the amount's digits ("INV-8350", "#8350", "PO8350", "ref_8350") names a record: it
+    does not state 8,350.00, in a message or in an answer's pairs, nor a wrong total; the amount beside it still counts."""
+    code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": [], "amounts": [8350.0], "currency": "USD"}))
+    for body in ("Invoice INV-8350 is corrected.", "See #8350.", "Matched to PO8350.", "Filed as ref_8350", "Order inv8350 done"):
+        assert not _run_check(code, _sent_evidence("Invoice", body)), body
+    for body in ("Invoice INV-8350 is now 8350.00 USD.", "#8350: $8,350.00", "PO 8350 is 8.35k USD... and 8350 USD is the amount",
+                 "The amount is (8350.00 USD)", "Amount:8350 USD"):
+        assert _run_check(code, _sent_evidence("Invoice", body)), body
+    answer = source(CheckSpec("answer", {"turn": 0, "pairs": [["INV-1", 8350.0], ["INV-2", 2100.0]]}))
+
+    def said(text: str) -> dict[str, Any]:
+        return {"final": {}, "diff": {}, "audit": [], "replies": [text], "profile": {"email": "me@ourco.example"}}
+
+    assert not _run_check(answer, said("Overdue: INV-1 (PO-8350) and INV-2 (PO-2100)."))
+    assert not _run_check(answer, said("Overdue: INV-1 (#8350) and INV-2 (#2100)."))
+    assert _run_check(answer, said("Overdue: INV-1 (#8350, 8350.00) and INV-2 (#2100, 2100.00)."))
+    # a total's sentence may name a record by its number; its figure is still held to the sum
+    assert _run_check(answer, said("Overdue: INV-1 (8350.00) and INV-2 (2100.00), 10450.00 in total, see ticket #99999."))
+    assert not _run_check(answer, said("Overdue: INV-1 (8350.00) and INV-2 (2100.00), 10451.00 in total, see ticket #99999."))
+
+
 def test_a_message_hedging_a_time_or_date_fails_even_where_it_need_not_state_one():
     """Any message check: a time or date hedged between two values fails, whether or not the item asks
     for it (a cancellation notice need not give the date, but may not offer two); times in two zones,
@@ -1821,6 +1843,13 @@ def op_amount_in_thousands_rounded(spec, turns, ref):
     """A message's amounts in thousands rounded to a hundred ("$8.4k" for 8350.00): a figure the reader cannot
     check the invoice against."""
     yield from _money_rewritten(spec, turns, lambda v: f"${round(v / 1000, 1):.1f}k" if _in_thousands(v, 1) is None else None)
+
+
+def op_amount_as_a_record_number(spec, turns, ref):
+    """A message's amounts replaced by a record number made of their digits ("8350.00 USD" -> "INV-8350", "#8350",
+    "PO8350"): the message names a record, it does not state the amount."""
+    for prefix in ("INV-", "#", "PO"):
+        yield from _money_rewritten(spec, turns, lambda v, p=prefix: f"{p}{int(v)}" if v == int(v) else None)
 
 
 def op_hedged_amount_in_thousands(spec, turns, ref):
@@ -3425,7 +3454,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_amounts_with_a_decimal_comma (control)": ctl_answer_amounts_with_a_decimal_comma,
              "answer_as_a_numbered_list (control)": ctl_answer_as_a_numbered_list, "answer_currency_as_a_sign (control)": ctl_answer_currency_as_a_sign,
              "answer_with_another_currency_sign": op_answer_with_another_currency_sign, "answer_in_another_currency": op_answer_in_another_currency,
-             "amount_in_thousands_rounded": op_amount_in_thousands_rounded,
+             "amount_in_thousands_rounded": op_amount_in_thousands_rounded, "amount_as_a_record_number": op_amount_as_a_record_number,
              "hedged_amount_in_thousands": op_hedged_amount_in_thousands,
              "amount_with_a_decimal_comma_a_cent_off": op_amount_with_a_decimal_comma_a_cent_off,
              "answer_amounts_in_thousands_swapped": op_answer_amounts_in_thousands_swapped,

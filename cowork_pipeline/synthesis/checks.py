@@ -66,7 +66,8 @@ def _has_amount(text, value, currency=""):
         return False
     import re
     said = False
-    for m in re.finditer("[0-9]+(?:[.][0-9]+)?", t):
+    # (not inside a record's number: "inv-8350", "#8350", "po8350" name a record, not the amount)
+    for m in re.finditer("(?<![0-9a-z#_-])[0-9]+(?:[.][0-9]+)?", t):
         if abs(float(m.group(0)) - float(value)) > 0.005:
             continue
         if not currency:
@@ -335,7 +336,7 @@ def _paired(text, pairs):
     said = []
     for part in _parts(_money(_low(text)), names):
         found = []
-        for m in re.finditer("(?<![0-9a-z-])[0-9]+(?:[.][0-9]+)?", part):
+        for m in re.finditer("(?<![0-9a-z#_-])[0-9]+(?:[.][0-9]+)?", part):
             for a in amounts:
                 if abs(float(m.group(0)) - a) <= 0.005:
                     found = found + [(m.start(), a)]
@@ -357,7 +358,7 @@ def _totalled(text, pairs):
         if re.search("(?<![a-z])(?:total[a-z]*|altogether|in all|combined|sum)(?![a-z])", part) is None:
             continue
         # a figure beside "total" that is no record's own amount must be their sum (not a count, not part of a date)
-        for m in re.finditer("(?<![0-9a-z./-])([0-9]+(?:[.][0-9]{2})?)(?![0-9/-]|[.][0-9])", part):
+        for m in re.finditer("(?<![0-9a-z#_./-])([0-9]+(?:[.][0-9]{2})?)(?![0-9/-]|[.][0-9])", part):
             v = float(m.group(1))
             if (v >= 100 or "." in m.group(1)) and abs(v - sum(amounts)) > 0.005:
                 mine = False
