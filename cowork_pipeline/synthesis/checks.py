@@ -410,10 +410,15 @@ def _counted(text, n, noun):
 
 def _figures(s):
     t = " ".join(_low(s).replace(",", " ").split())
-    t = t.replace("per cent", "%").replace("percent", "%")
+    t = t.replace("per cent", "%").replace("per-cent", "%").replace("percent", "%")
     if "pct" in t or "%" in t:
         import re
         t = re.sub("(?<![a-z])pct(?![a-z])[.]?", "%", t).replace(" %", "%").replace("-%", "%")  # (a 43-percent margin)
+        # "43 percentage points" and "43.0%" are 43%; so is 43 under a unit label: "margin (%): 43", "% margin: 43"
+        t = re.sub("(?<=[0-9])[.]0+%|%age(?:[ ]points?)?(?![a-z])", "%", t)
+        if re.search("(?<![0-9])%", t):
+            t = re.sub("(?<![0-9])%[])]?(?:(?:[ ][a-z]+){0,2}[ ]?[:=]|[ ]?[:=]?)[ ]?([0-9]+(?:[.][0-9]+)?)(?![0-9]|[.][0-9]|%)",
+                       lambda m: " " + m.group(1) + "%", t)
         if re.search("[a-z]%", t):
             # spelled out: "forty-three percent" is 43% (0 to 99)
             units = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
