@@ -400,6 +400,31 @@ def test_noon_is_twelve_o_clock():
         assert not _run_check(when, _sent_evidence("Moved", text)), text
 
 
+def test_a_date_with_its_month_named_states_its_year_and_may_be_sept_or_dashed():
+    """A date with its month's name is held to the year after it ("September 3, 2027" is not 2026-09-03), in messages
+    and answers; "Sept. 3" and "03-Sep-2026" state it, and are judged for their weekday and hedges as any other."""
+    when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": [], "when": {"date": "2026-09-03", "time": "15:00"}}))
+    for text in ("Sept 3 at 15:00 UTC", "Thurs. Sept. 3, 2026, 15:00 UTC", "3 Sept 2026 15:00 UTC", "3-Sep-2026 15:00 UTC",
+                 "Thu 03-Sep-2026 15:00 UTC", "September 3, 2026 at 15:00 UTC", "Sep 3 1500Z", "3 Sep 15:00 UTC, in 2026"):
+        assert _run_check(when, _sent_evidence("Invite", text)), text
+    for text in ("September 3, 2027 at 15:00 UTC", "3 Sep 2027 15:00 UTC", "3rd of September 2025, 15:00 UTC", "3-Sep-2027 15:00 UTC",
+                 "4-Sep-2026 15:00 UTC", "Sept 4 at 15:00 UTC", "Fri 3-Sep-2026 15:00 UTC", "Friday, Sept 3 at 15:00 UTC",
+                 "3-Sep-2026 or 4-Sep-2026 at 15:00 UTC", "Septuagint 3 at 15:00 UTC"):
+        assert not _run_check(when, _sent_evidence("Invite", text)), text
+    answer = source(CheckSpec("answer", {"turn": 0, "pairs": [["INV-1", 8350.0], ["INV-2", 2100.0]],
+                                         "dates": [["INV-1", "2026-01-21"], ["INV-2", "2026-02-03"]]}))
+
+    def said(text: str) -> dict[str, Any]:
+        return {"final": {}, "diff": {}, "audit": [], "replies": [text], "profile": {"email": "me@ourco.example"}}
+
+    for text in ("INV-1: 8350.00, due January 21, 2026; INV-2: 2100.00, due 3 Feb. 2026.", "INV-1: 8350.00, due 21-Jan-2026; INV-2: 2100.00, due Feb 3.",
+                 "INV-1: 8350.00, due Jan 21 2026 15:00; INV-2: 2100.00, due Feb 3."):
+        assert _run_check(answer, said(text)), text
+    for text in ("INV-1: 8350.00, due January 21, 2027; INV-2: 2100.00, due February 3, 2026.", "INV-1: 8350.00, due 21st January 2027; INV-2: 2100.00.",
+                 "INV-1: 8350.00, due 21-Jan-2027; INV-2: 2100.00, due Feb 3.", "INV-1: 8350.00, due 22-Jan-2026; INV-2: 2100.00."):
+        assert not _run_check(answer, said(text)), text
+
+
 def test_a_weekday_that_contradicts_its_date_fails():
     """Any message check: a weekday beside a date must be that date's ("Friday 2026-03-05" is a Thursday's
     date); with ``when`` also in words ("Friday, March 5th"), and as numbers either way round ("Friday
@@ -2687,6 +2712,24 @@ def ctl_dates_without_a_year(spec, turns, ref):
                                             ("dd.mm.", lambda x: f"{x.group(3)}.{x.group(2)}.")))
 
 
+def ctl_dates_as_sept_and_dashed(spec, turns, ref):
+    """CONTROL: ISO dates in messages and answers as "Sept. 5, 2026" where the month allows it, else "Mar. 5, 2026",
+    or as "05-Mar-2026" (2026-03-05). Must still pass."""
+    def sept(x):
+        return f"{'Sept' if x.group(2) == '09' else datetime(2000, int(x.group(2)), 1).strftime('%b')}. {int(x.group(3))}, {x.group(1)}"
+    yield from _dates_retyped(spec, turns, (("Sept. d, yyyy", sept),
+                                            ("dd-Mon-yyyy", lambda x: f"{x.group(3)}-{datetime(2000, int(x.group(2)), 1):%b}-{x.group(1)}")))
+
+
+def op_dates_with_the_month_named_a_year_off(spec, turns, ref):
+    """A message's or answer's dates with the month's name and the next year (2026-03-05 -> "March 5, 2027",
+    "5 Mar 2027", "05-Mar-2027"): day and month right."""
+    yield from _dates_retyped(spec, turns, (("Month d, yyyy", lambda x: f"{datetime(2000, int(x.group(2)), 1):%B} {int(x.group(3))}, {int(x.group(1)) + 1}"),
+                                            ("d Mon yyyy", lambda x: f"{int(x.group(3))} {datetime(2000, int(x.group(2)), 1):%b} {int(x.group(1)) + 1}"),
+                                            ("dd-Mon-yyyy", lambda x: f"{x.group(3)}-{datetime(2000, int(x.group(2)), 1):%b}-{int(x.group(1)) + 1}")),
+                              ", a year late")
+
+
 def op_date_without_a_year_a_day_late(spec, turns, ref):
     """A message's dates as numbers month first without the year, a day late (2026-03-05 -> 3/6)."""
     def late(x):
@@ -3479,6 +3522,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_as_a_numbered_list (control)": ctl_answer_as_a_numbered_list, "answer_currency_as_a_sign (control)": ctl_answer_currency_as_a_sign,
              "answer_with_another_currency_sign": op_answer_with_another_currency_sign, "answer_in_another_currency": op_answer_in_another_currency,
              "secret_figure_under_a_label": op_secret_figure_under_a_label,
+             "dates_as_sept_and_dashed (control)": ctl_dates_as_sept_and_dashed,
+             "dates_with_the_month_named_a_year_off": op_dates_with_the_month_named_a_year_off,
              "percentages_with_a_decimal (control)": ctl_percentages_with_a_decimal,
              "amount_in_thousands_rounded": op_amount_in_thousands_rounded, "amount_as_a_record_number": op_amount_as_a_record_number,
              "hedged_amount_in_thousands": op_hedged_amount_in_thousands,

@@ -89,7 +89,7 @@ def _hedges(t):
     months = "(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z.]*"
     # (one literal between names: the sandbox compiles checkers by skeleton, which folded literals defeat)
     # (dates as numbers too, "3/5 or 3/6", "05.03. or 06.03.", and am/pm ranges: "3-4pm or 4-5pm")
-    value = "(?:[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]{1,2}/[0-9]{1,2}(?:/[0-9]{4})?|[0-9]{1,2}[.][0-9]{1,2}[.](?:[0-9]{4})?|[0-9]+[.][0-9]{2}|(?:[0-9]{1,2}(?::[0-9]{2})?-)?[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|noon|midday|[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
+    value = "(?:[0-9]{1,2}-" + months + "-[0-9]{4}|[a-z]{0,3}[$\u20ac\u00a3\u00a5][ ]*[0-9]+(?:[.][0-9]{2})?|[0-9]{1,2}/[0-9]{1,2}(?:/[0-9]{4})?|[0-9]{1,2}[.][0-9]{1,2}[.](?:[0-9]{4})?|[0-9]+[.][0-9]{2}|(?:[0-9]{1,2}(?::[0-9]{2})?-)?[0-9]{1,2}(?::[0-9]{2})?[ ]*[ap][.]?m[.]?|[0-9]{1,2}:[0-9]{2}|noon|midday|[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}|" + months + "[ ]+[0-9]{1,2}(?:st|nd|rd|th)?|[0-9]{1,2}(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + months + ")"
     if re.search("(?<![0-9a-z.:])" + value + "(?:[ ]+[a-z]{3})?[ ]+or[ ]+" + value + "(?![0-9a-z])", t) is not None:
         return True
     # a day of the month hedged with a bare second day: "march 5 or 6", "march 5th or 6th", "5 or 6 march"
@@ -111,7 +111,8 @@ def _weekday_clash(t, year):
     # a weekday next to a date, with the groups of weekday, year (0: ``year``), month and day: "thursday 2026-03-05",
     # "2026-03-05 (thursday)", "thu march 5th", "thursday the 5th of march" (loops, not comprehensions: every
     # nested code object adds to the cost of instantiating the checker in the sandbox)
-    found = [(wd + "[ ]+(?:the[ ]+)?" + iso, 1, 2, 3, 4), (iso + "[ ]*[(]?" + wd, 4, 1, 2, 3)]
+    found = [(wd + "[ ]+(?:the[ ]+)?" + iso, 1, 2, 3, 4), (iso + "[ ]*[(]?" + wd, 4, 1, 2, 3),
+             (wd + "[ ]+([0-9]{1,2})-" + month + "-([0-9]{4})(?![0-9])", 1, 4, 3, 2)]  # (and "thu 3-sep-2026")
     if year:
         found = found + [(wd + "[ ]+" + month + "[ ]+([0-9]{1,2})(?![0-9])", 1, 0, 2, 3),
                          (wd + "[ ]+(?:the[ ]+)?([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + month, 1, 0, 3, 2)]
@@ -216,9 +217,14 @@ def _mentions(text, forms, word="0-9a-z", when=""):
                    lambda m: m.group(1).rstrip(" -") + m.group(3) + "-" + m.group(2) + m.group(3), t)
     for attempt in (0, 1):
         if attempt:
-            # not said as written: "05 mar", "noon", "1500z" read as "5 mar", "12:00", "15:00z" (see _when_test)
+            # not said as written: "05 mar", "sept 3", "3-sep-2026", "noon", "1500z" read as "5 mar", "sep 3", "3 sep 2026",
+            # "12:00", "15:00z" (see _when_test)
             read = t
-            if when == "date" and (" 0" in t or t[:1] == "0"):
+            if when == "date" and "sept" in t:  # "sept 3", "sept. 3"
+                read = re.sub("(?<![a-z])sept(?![a-z])", "sep", read)
+            if when == "date" and "-" in t:  # "3-sep-2026", "03-sep-2026"
+                read = re.sub("(?<![0-9a-z])([0-9]{1,2})-([a-z]{3,9}[.]?)-([0-9]{4})(?![0-9])", lambda m: m.group(1) + " " + m.group(2) + " " + m.group(3), read)
+            if when == "date" and (" 0" in read or read[:1] == "0"):
                 read = re.sub("(?<![0-9:./-])0([1-9])(?![0-9:./])", lambda m: m.group(1), read)
             if utc and ("noon" in t or "midday" in t):
                 read = re.sub("(?<![a-z0-9])(?:12[ ]+)?(?:noon|midday)(?![a-z])", str(12) + ":00", read)
@@ -234,6 +240,10 @@ def _mentions(text, forms, word="0-9a-z", when=""):
             # a "z" ends a utc time: 14:00z; nor is a number's part said: "3/5" is not in "13/5", "2026/3/5" or "3/5/2027")
             for m in re.finditer("(?:(?<![" + word + ":])(?<![0-9][/.])|(?<=[0-9]t))" + re.escape(f) + "(?:(?![" + word + "]|[/.][0-9])|(?=t[0-9])|(?<=[0-9])(?=z(?![0-9a-z])))", t):
                 if not utc:
+                    # a date with its month's name and another year after it ("september 3 2027") is another date
+                    y = re.match("[ ](?:of[ ])?((?:19|20)[0-9]{2})(?![0-9a-z:])", t[m.end():m.end() + 9]) if when and t[m.end():m.end() + 1] == " " else None
+                    if y is not None and forms[0][4:5] == "-" and y.group(1) != forms[0][:4]:
+                        continue
                     return True
                 before = t[max(0, m.start() - 16):m.start()]
                 if ("-" in before or "t" in before) and re.search("(?<![0-9/.:-])(?:[0-9]{1,2}:[0-9]{2}[ ]*|[0-9]{1,2}[ ]*[ap][.]?m[.]?[ ]*|[0-9]{1,2}(?=-))(?:-|to|until|till)[ ]*$", before):
@@ -378,10 +388,12 @@ def _dated(text, pairs):
         found = []  # (position, (year or "", month, day)): ISO (or year first with slashes or dots), "january 21", "21st of january"
         for m in re.finditer("(?<![0-9])([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])", part):
             found = found + [(m.start(), (m.group(1), int(m.group(2)), int(m.group(3)), 0))]
-        for m in re.finditer("(?<![a-z])" + month + "[a-z]*[.]?[ ]+([0-9]{1,2})(?![0-9])", part):
-            found = found + [(m.start(), ("", months.index(m.group(1)) + 1, int(m.group(2)), 0))]
-        for m in re.finditer("(?<![0-9.:])([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + month, part):
-            found = found + [(m.start(), ("", months.index(m.group(2)) + 1, int(m.group(1)), 0))]
+        # (with the year after it where one is: "january 21, 2027" is another date)
+        year = "(?:,?[ ]+((?:19|20)[0-9]{2})(?![0-9a-z:]))?"
+        for m in re.finditer("(?<![a-z])" + month + "[a-z]*[.]?[ ]+([0-9]{1,2})(?![0-9])(?:st|nd|rd|th)?" + year, part):
+            found = found + [(m.start(), (m.group(3) or "", months.index(m.group(1)) + 1, int(m.group(2)), 0))]
+        for m in re.finditer("(?<![0-9.:])([0-9]{1,2})(?:st|nd|rd|th)?(?:[ ]+(?:of[ ]+)?|-(?=[a-z]+[.]?-[0-9]{4}))" + month + "[a-z]*[.]?(?:-([0-9]{4})(?![0-9])|" + year + ")", part):
+            found = found + [(m.start(), (m.group(3) or m.group(4) or "", months.index(m.group(2)) + 1, int(m.group(1)), 0))]
         # 21/01/2026, 01/21/2026, 21.01.2026: day or month first, either reading may be the record's
         for m in re.finditer("(?<![0-9./])([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])", part):
             found = found + [(m.start(), (m.group(3), int(m.group(2)), int(m.group(1)), 1))]
