@@ -993,6 +993,23 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     assert len(misstated) == 3 and all(m["failed_items"] == ["confirmation_sent"] for m in misstated)
 
 
+def test_planted_date_check_that_ignores_the_year_is_caught_by_misstated_values(validator, outcomes):
+    """certify-14: a message check that finds the date with its month's name and does not read the year beside it
+    (the embedded checker before embedded-27) lets "March 5, 2027" through for 2026-03-05; the misstated-value mutant
+    that gives the dates in words in the next year is the one that survives it, and the generated check kills it."""
+    spec = certified_spec(outcomes, "meeting_reschedule")
+    [orig] = [o.final.certification for o in outcomes["meeting_reschedule"] if o.accepted and o.final.draft.spec is spec]
+    [late] = [m for m in orig.mutants if m["operator"] == "misstated_value" and "another year" in m["description"]]
+    [item] = late["failed_items"]  # the generated check of the message it misstates kills it
+    [original] = [r.code for r in spec.rubric if r.id == item]
+    rule = 'if y is not None and forms[0][4:5] == "-" and y.group(1) != forms[0][:4]:'
+    assert rule in original
+    cert = validator.certify(planted(with_item_code(spec, item, original.replace(rule, "if False:"))))
+    assert cert.reference_pass and cert.equivalent_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    [d] = cert.diagnostics
+    assert d.detail["operator"] == "misstated_value" and "dates with another year" in d.message and ", 2027" in d.message, d
+
+
 def test_the_confidential_figure_leaks_in_a_subject_or_in_words(sb, backend, validator):
     """The approved summary sent with the margin in its subject, or said in words in the body, fails the
     leak item; the same figure in the note to the (internal) owner does not."""

@@ -97,7 +97,7 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
 CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
-        "misstated_value": 3, "empty_message": 3}
+        "misstated_value": 4, "empty_message": 3}
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -264,6 +264,8 @@ _CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD|SGD)
 _UTC_CLOCK = re.compile(r"(?<![\w:.])((?:[01]?\d|2[0-3]):[0-5]\d) UTC\b")
 _CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):([0-5]\d)(?![\w:])")
 _ISO_DATE = re.compile(r"(?<![\w-])(\d{4}-\d{2}-\d{2})(?![\w-])")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December")
+_WORDS_DATE = re.compile(r"\b(%s) (\d{1,2}), (\d{4})\b" % "|".join(_MONTHS))
 
 
 def _hedge_amount(m: re.Match[str]) -> str:
@@ -286,7 +288,8 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
     currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET");
     each amount, time and date hedged between itself and another value ("4830.00 or 5314.00", "15:00 or
-    16:00", "2026-03-05 or 2026-03-06"); the weekday beside a date
+    16:00", "2026-03-05 or 2026-03-06"); its dates in words in the next year ("March 5, 2027" for 2026-03-05:
+    a checker that finds "March 5" and stops there lets it through); the weekday beside a date
     the next one ("Friday 2026-03-05" for a Thursday); the work reported as not done ("I couldn't get this done").
     A checker that only looks for the value lets them through."""
     param = MESSAGE_TEXT.get(s.tool)
@@ -312,6 +315,10 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
         kinds.append(kind)
     if kinds:
         out.append(({**s.args, param: hedged}, f"{param} hedges each {', '.join(kinds)} ('{sample}')"))
+    if _ISO_DATE.search(text) or _WORDS_DATE.search(text):  # day and month right, in words, in the next year
+        new = _ISO_DATE.sub(lambda m: _in_words(m.group(1), years=1), _WORDS_DATE.sub(lambda m: f"{m.group(1)} {m.group(2)}, {int(m.group(3)) + 1}", text))
+        if new != text:
+            out.append(({**s.args, param: new}, f"{param} gives its dates with another year ('{_WORDS_DATE.search(new).group(0)}')"))
     if _DATED_WEEKDAY.search(text):
         new = _DATED_WEEKDAY.sub(lambda m: _WEEKDAYS[(_WEEKDAYS.index(m.group(1)) + 1) % 7] + m.group(2), text)
         out.append(({**s.args, param: new}, f"{param} gives the wrong weekday for its date ('{_DATED_WEEKDAY.search(new).group(0)}')"))
@@ -463,6 +470,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     out.extend(_select(per_site, CAPS["wrong_mention"]))
 
     per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _misstatements(s)] for ti, si, s in effectful]
+    # each message site starts one kind further on (the second site's first mutant is its hedge, not its zone
+    # again): within the cap, the messages of one environment are misstated in as many ways as possible
+    per_site = [c[k % len(c):] + c[:k % len(c)] for k, c in enumerate([c for c in per_site if c])]
     out.extend(_select(per_site, CAPS["misstated_value"]))
 
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
@@ -657,13 +667,13 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
     return Mutant("equivalent", "the reference done another correct way: " + ", ".join(sorted(what)), _program(env, turns, answers))
 
 
-def _in_words(iso: str) -> str:
-    """2026-01-21 as "January 21, 2026" (an unparsable value is left as it is)."""
+def _in_words(iso: str, years: int = 0) -> str:
+    """2026-01-21 as "January 21, 2026" (``years`` later: "January 21, 2027"; an unparsable value is left as it is)."""
     try:
         d = datetime.fromisoformat(iso)
     except ValueError:
         return iso
-    return f"{d:%B} {d.day}, {d.year}"
+    return f"{d:%B} {d.day}, {d.year + years}"
 
 
 def _touched(base: list[list[Step]]) -> set[str]:
