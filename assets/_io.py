@@ -21,7 +21,7 @@ def lineage(context: Any, asset: str, code_version: str, upstream: dict[str, int
     return Lineage(context.run.run_id, asset, code_version, upstream)
 
 
-_PUBLISH_ATTEMPTS = 5  # a keyed write merged again onto another run's, published between our merge and our promotion
+_PUBLISH_ATTEMPTS = 5  # another run publishing the table between our write and our promotion, again and again
 
 
 def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, suite: Sequence[Expect], lin: Lineage,
@@ -33,29 +33,40 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
     result = validate(audit_df if audit_df is not None else df, table, suite)
     scope = {"partition": partition[1], "partition_column": partition[0]} if partition else {}
     merged = bool(key) and partition is None
+    replaced = not key and partition is None and if_published is ANY_PUBLISHED  # the whole table, by this write alone
+    version: int | None = None
+    superseded = None
     for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
         published = if_published
-        if partition is not None:
-            col, value = partition
-            version = lake.write(table, df, lineage=lin, mode="overwrite", replace_where=f"{col} = '{value}'")
-        elif merged:
+        if merged:
             # keyed rows go onto the published rows (never onto a failed write's), and are published only while those
             # still are: a run's merge published meanwhile is merged onto in the next attempt
             published = lake.promoted_version(table) if lake.exists(table) else None
             version = lake.write(table, df, lineage=lin, key=key, mode="merge", onto=published)
-        else:
+        elif version is None and partition is not None:
+            col, value = partition
+            version = lake.write(table, df, lineage=lin, mode="overwrite", replace_where=f"{col} = '{value}'")
+        elif version is None:
             version = lake.write(table, df, lineage=lin, mode="overwrite")
         if not result.success:
             break
+        if replaced:
+            # a later version of the whole table, published by another run meanwhile, is never rolled back
+            published = lake.promoted_version(table)
+            if published is not None and published > version:
+                superseded = published
+                break
         try:
             lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True}, **scope, if_published=published)
             break
         except PublishConflict:
-            if not merged or attempt == _PUBLISH_ATTEMPTS:
+            if not (merged or replaced) or attempt == _PUBLISH_ATTEMPTS:
                 raise  # a caller that planned on what was published (benchmark_scores) merges again itself
     meta = {"delta_version": version, "rows": len(df), "table_uri": lake.uri(table), "run_id": lin.run_id,
-            "promoted": result.success, "upstream_versions": dg.MetadataValue.json(dict(lin.upstream_versions)),
+            "promoted": result.success and superseded is None, "upstream_versions": dg.MetadataValue.json(dict(lin.upstream_versions)),
             "history": history_md(lake, table)}
+    if superseded is not None:
+        meta["superseded_by_version"] = superseded
     check = dg.AssetCheckResult(
         asset_key=table, check_name=f"{table}_quality", passed=result.success,
         metadata={"summary": result.summary(), "expectations": result.evaluated, "delta_version": version,

@@ -169,6 +169,40 @@ def test_concurrent_keyed_writes_publish_every_passing_row_and_no_failing_one(tm
     assert any("w2" in lake.read("registry", version=v)["id"].to_list() for v in range(lake.version("registry") + 1))
 
 
+def test_a_whole_table_write_never_rolls_back_a_later_one_published_meanwhile(tmp_path):
+    """Runs replacing one whole table at once: whatever the interleaving, the published version is the latest write
+    that passed (an earlier write promoted after it would roll it back); the earlier ones say they were superseded."""
+    import threading
+
+    lake = Lake(str(tmp_path / "lake"))
+    suite = [Expect("ExpectColumnValuesToNotBeNull", {"column": "id"})]
+    writers = 6
+    start, results, errors = threading.Barrier(writers), {}, []
+
+    def work(w: int) -> None:
+        start.wait()
+        try:
+            mat, _ = write_checked(None, lake, "splits", pl.DataFrame({"id": [f"w{w}"]}), suite=suite, lin=Lineage(f"w{w}", "splits", "1", {}))
+            results[w] = mat.metadata
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    latest = max(m["delta_version"] for m in results.values())
+    df, v = lake.read_promoted("splits")
+    assert v == latest and df["id"].to_list() == [f"w{w}" for w, m in results.items() if m["delta_version"] == latest]
+    for m in results.values():
+        assert m["promoted"] or m["superseded_by_version"] > m["delta_version"]
+    # promoted in version order: no promotion of an earlier version follows a later one
+    promoted = lake.promotions("splits")["version"].to_list()
+    assert promoted == sorted(promoted), promoted
+
+
 def test_downstream_of_never_promoted_table_fails_clearly(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     lake.write("t", pl.DataFrame({"id": ["a"]}), lineage=Lineage.local("t"), mode="append")
