@@ -33,7 +33,7 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
     result = validate(audit_df if audit_df is not None else df, table, suite)
     scope = {"partition": partition[1], "partition_column": partition[0]} if partition else {}
     merged = bool(key) and partition is None
-    replaced = not key and partition is None and if_published is ANY_PUBLISHED  # the whole table, by this write alone
+    replaced = not merged and if_published is ANY_PUBLISHED  # the whole table or a partition, by this write alone
     version: int | None = None
     superseded = None
     for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
@@ -51,8 +51,8 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
         if not result.success:
             break
         if replaced:
-            # a later version of the whole table, published by another run meanwhile, is never rolled back
-            published = lake.promoted_version(table)
+            # a later version of the table (of the partition), published by another run meanwhile, is never rolled back
+            published = lake.promoted_version(table, partition[1] if partition else None)
             if published is not None and published > version:
                 superseded = published
                 break

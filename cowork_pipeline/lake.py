@@ -465,7 +465,8 @@ class Lake:
         recorded for audit but publishes the whole table at ``version``.
 
         ``if_published`` (a version, or None for "nothing yet") makes it a compare-and-set:
-        ``version`` is published only while the table's published version is that one, else
+        ``version`` is published only while the table's published version (a partition's,
+        with ``partition_column``) is that one, else
         PublishConflict and nothing is recorded. A writer that read the published rows, merged
         its own in and wrote the result uses it so that it never drops what another writer
         published meanwhile: on a conflict it reads again and merges again.
@@ -509,7 +510,8 @@ class Lake:
             except TableNotFoundError:
                 log = None
             if conditional:
-                now = _Published.replay(self._promotion_rows(log, table)).version() if log is not None else None
+                state = _Published.replay(self._promotion_rows(log, table)) if log is not None else _Published()
+                now = state.version(partition if partition_column is not None else None)
                 if now != if_published:
                     raise PublishConflict(
                         f"cannot promote {self._where(table)} version {version}: it was planned on "
@@ -556,10 +558,11 @@ class Lake:
                 f"{self._where(PROMOTIONS_TABLE)} is unreadable (corrupt or inaccessible): {_first_line(exc)}"
             ) from exc
 
-    def promoted_version(self, table: str) -> int | None:
+    def promoted_version(self, table: str, partition: str | None = None) -> int | None:
         """The published version: that of the latest promotion, or with partitioned
-        promotions the newest version any published partition is read at."""
-        return _Published.replay(self.promotions(table)).version()
+        promotions the newest version any published partition is read at; with
+        ``partition``, the version that partition's rows are read at."""
+        return _Published.replay(self.promotions(table)).version(partition)
 
     def read_promoted(self, table: str, columns: Sequence[str] | None = None) -> tuple[pl.DataFrame, int]:
         """(published data, its version): exactly the promoted version's rows, or with
@@ -627,7 +630,9 @@ class _Published:
             return _Published(base=version, partition_column=column, parts={partition: version})
         return _Published(self.base, column, {**self.parts, partition: version})
 
-    def version(self) -> int | None:
+    def version(self, partition: str | None = None) -> int | None:
+        if partition is not None:  # the version that partition's rows are read at
+            return self.parts.get(partition, self.base)
         versions = [*self.parts.values(), *([] if self.base is None else [self.base])]
         return max(versions) if versions else None
 

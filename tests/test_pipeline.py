@@ -203,6 +203,49 @@ def test_a_whole_table_write_never_rolls_back_a_later_one_published_meanwhile(tm
     assert promoted == sorted(promoted), promoted
 
 
+class _Overtaken(Lake):
+    """A real lake on which another run writes and publishes the same table right after this run's write (before
+    this run promotes): the interleaving of two runs, made certain."""
+
+    def __init__(self, root: str, other_run) -> None:
+        super().__init__(root)
+        self.other_run = other_run
+
+    def write(self, table, df, **kwargs):
+        version = super().write(table, df, **kwargs)
+        other, self.other_run = self.other_run, None
+        if other is not None:
+            other()
+        return version
+
+
+@pytest.mark.parametrize("partition", [None, ("capability_id", "a")])
+def test_a_write_overtaken_by_another_run_does_not_roll_it_back(tmp_path, partition):
+    """Run 1 writes the table (or a partition), run 2 writes and publishes it after that, then run 1's checks pass:
+    run 1 is superseded, run 2's rows stay published; a run publishing another partition meanwhile supersedes nothing."""
+    root, suite = str(tmp_path / "lake"), [Expect("ExpectColumnValuesToNotBeNull", {"column": "id"})]
+
+    def rows(i: str, cap: str = "a") -> pl.DataFrame:
+        return pl.DataFrame({"capability_id": [cap], "id": [i]})
+
+    plain = Lake(root)
+    second = {}
+    run2 = lambda: second.update(write_checked(None, plain, "envs", rows("run2"), suite=suite, partition=partition,  # noqa: E731
+                                               lin=Lineage("run2", "envs", "1", {}))[0].metadata)
+    first, _ = write_checked(None, _Overtaken(root, run2), "envs", rows("run1"), suite=suite, partition=partition, lin=Lineage("run1", "envs", "1", {}))
+    assert second["promoted"] and second["delta_version"] > first.metadata["delta_version"]
+    assert not first.metadata["promoted"] and first.metadata["superseded_by_version"] == second["delta_version"]
+    published, _ = plain.read_promoted("envs")
+    assert published.filter(pl.col("capability_id") == "a")["id"].to_list() == ["run2"]
+    # overtaken by another partition's run only (or by no run): published all the same
+    other = (lambda: write_checked(None, plain, "envs", rows("b0", "b"), suite=suite, partition=("capability_id", "b"),
+                                   lin=Lineage("b", "envs", "1", {}))) if partition else None
+    third, _ = write_checked(None, _Overtaken(root, other), "envs", rows("run3"), suite=suite, partition=partition, lin=Lineage("run3", "envs", "1", {}))
+    assert third.metadata["promoted"] and plain.read_promoted("envs")[0].filter(pl.col("capability_id") == "a")["id"].to_list() == ["run3"]
+    if partition:
+        assert plain.promoted_version("envs", "b") > third.metadata["delta_version"] == plain.promoted_version("envs", "a")
+
+
 def test_downstream_of_never_promoted_table_fails_clearly(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     lake.write("t", pl.DataFrame({"id": ["a"]}), lineage=Lineage.local("t"), mode="append")
