@@ -21,22 +21,25 @@ def lineage(context: Any, asset: str, code_version: str, upstream: dict[str, int
     return Lineage(context.run.run_id, asset, code_version, upstream)
 
 
-_PUBLISH_ATTEMPTS = 5  # another run publishing the table between our write and our promotion, again and again
+PUBLISH_ATTEMPTS = 5  # another run publishing the table between our read or write and our promotion, again and again
 
 
 def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, suite: Sequence[Expect], lin: Lineage,
                   key: Sequence[str] | None = None, partition: tuple[str, str] | None = None,
                   audit_df: pl.DataFrame | None = None, if_published: int | None = ANY_PUBLISHED) -> tuple[dg.MaterializeResult, dg.AssetCheckResult]:
-    """Write ``df`` (a partition's rows when ``partition=(column, value)``: replaced, never duplicated), validate it,
-    and promote that exact Delta version only when the suite passes (and, with ``if_published``, only while that
-    version is the published one: else PublishConflict, see Lake.promote). Returns the asset's and check's results."""
+    """Write ``df`` (a partition's rows when ``partition=(column, value)``: replaced, never duplicated; keyed rows merged
+    onto the published rows), validate it, and promote that exact Delta version only when the suite passes. Runs
+    writing the table at once keep each other's work: a keyed merge is published only while the rows it was merged
+    onto are (else merged again), a table or partition written before another run's published one is superseded,
+    not promoted; with ``if_published`` the caller plans on that version itself (PublishConflict when another is
+    published, see Lake.promote). Returns the asset's and check's results."""
     result = validate(audit_df if audit_df is not None else df, table, suite)
     scope = {"partition": partition[1], "partition_column": partition[0]} if partition else {}
     merged = bool(key) and partition is None
     replaced = not merged and if_published is ANY_PUBLISHED  # the whole table or a partition, by this write alone
     version: int | None = None
     superseded = None
-    for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
         published = if_published
         if merged:
             # keyed rows go onto the published rows (never onto a failed write's), and are published only while those
@@ -60,7 +63,7 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
             lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True}, **scope, if_published=published)
             break
         except PublishConflict:
-            if not (merged or replaced) or attempt == _PUBLISH_ATTEMPTS:
+            if not (merged or replaced) or attempt == PUBLISH_ATTEMPTS:
                 raise  # a caller that planned on what was published (benchmark_scores) merges again itself
     meta = {"delta_version": version, "rows": len(df), "table_uri": lake.uri(table), "run_id": lin.run_id,
             "promoted": result.success and superseded is None, "upstream_versions": dg.MetadataValue.json(dict(lin.upstream_versions)),

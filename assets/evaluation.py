@@ -4,7 +4,7 @@ import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
-from assets._io import GATED, check_spec, lineage, plot_md, write_checked
+from assets._io import GATED, PUBLISH_ATTEMPTS, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
 from cowork_pipeline.evaluation import Contestant, comparison_table, markdown_table, rebase, report, score_contestants
 from cowork_pipeline.lake import ANY_PUBLISHED, NotPromoted, PublishConflict
@@ -13,7 +13,6 @@ from cowork_pipeline.training.registry import checkpoint_key, latest_trained
 from resources import AgentsResource, ComputeResource, LakeResource, ProfileResource
 
 HELDOUT = ("heldout_env", "heldout_capability")
-_PUBLISH_ATTEMPTS = 5  # another `cowork eval` publishing between our read and our promotion, again and again
 TEACHER_KEY = "teacher:embedded"  # the reference program: what it does is fixed by the environment and the code
 
 
@@ -95,7 +94,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
         context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
     # another run may have written the table meanwhile (a second `cowork eval`): keep what it added, and publish only
     # on the version that was read, or read and merge again
-    for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
         latest, published = _previous_scores(context, lk)
         result = rebase(result, previous, latest, agents.keeps_earlier)
         trials = result.trials
@@ -109,7 +108,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                        if_published=published)
             break
         except PublishConflict as e:
-            if attempt == _PUBLISH_ATTEMPTS:
+            if attempt == PUBLISH_ATTEMPTS:
                 raise
             context.log.info(f"benchmark_scores changed while this run wrote them; merging again ({e})")
     report_path = None
