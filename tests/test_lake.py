@@ -14,6 +14,8 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from _concurrent import at_once
+
 from cowork_pipeline.lake import (
     LINEAGE_COLUMNS,
     Lake,
@@ -278,31 +280,22 @@ def test_read_merge_publish_writers_never_drop_each_others_rows(lake: Lake) -> N
     writers = 4
     first_read = threading.Barrier(writers)
     conflicts: list[int] = []
-    errors: list[BaseException] = []
 
     def work(w: int) -> None:
-        try:
-            for attempt in range(20):
-                published, v = lake.read_promoted("scores")
-                if attempt == 0:
-                    first_read.wait()
-                merged = pl.concat([published.drop(LINEAGE_COLUMNS), envs([w + 1])])
-                written = lake.write("scores", merged, lineage=lin(f"w{w}"), mode="overwrite")
-                try:
-                    lake.promote("scores", written, run_id=f"w{w}", if_published=v)
-                    return
-                except PublishConflict:
-                    conflicts.append(w)
-            raise AssertionError(f"writer {w} never published")
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        for attempt in range(20):
+            published, v = lake.read_promoted("scores")
+            if attempt == 0:
+                first_read.wait()
+            merged = pl.concat([published.drop(LINEAGE_COLUMNS), envs([w + 1])])
+            written = lake.write("scores", merged, lineage=lin(f"w{w}"), mode="overwrite")
+            try:
+                lake.promote("scores", written, run_id=f"w{w}", if_published=v)
+                return
+            except PublishConflict:
+                conflicts.append(w)
+        raise AssertionError(f"writer {w} never published")
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    at_once(work, [(w,) for w in range(writers)])
     assert sorted(lake.read_promoted("scores")[0]["env_id"].to_list()) == [f"e{i}" for i in range(writers + 1)]
     assert len(conflicts) >= writers - 1
 
@@ -345,24 +338,12 @@ def test_partitioned_promotion_never_leaks_a_failed_partition(lake: Lake) -> Non
 
 
 def test_concurrent_partition_overwrites_lose_nothing(lake: Lake) -> None:
-    start = threading.Barrier(4)
-    errors: list[BaseException] = []
-
     def work(cap: str) -> None:
-        start.wait()
-        try:
-            for round_ in range(4):
-                df = caps(cap, 3, f"round{round_}")
-                lake.write("envs", df, lineage=LIN, mode="overwrite", replace_where=f"cap = '{cap}'")
-        except BaseException as exc:
-            errors.append(exc)
+        for round_ in range(4):
+            df = caps(cap, 3, f"round{round_}")
+            lake.write("envs", df, lineage=LIN, mode="overwrite", replace_where=f"cap = '{cap}'")
 
-    threads = [threading.Thread(target=work, args=(c,)) for c in "ABCD"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    at_once(work, [(c,) for c in "ABCD"])
     out = lake.read("envs")
     assert out.height == 12 and out["env_id"].n_unique() == 12
     assert out["tag"].unique().to_list() == ["round3"]  # each partition holds its last write only
@@ -398,24 +379,13 @@ def test_missing_data_file_raises_lake_error_naming_table(lake: Lake) -> None:
 # ---------------------------------------------------------- concurrency
 def test_concurrent_threads_lose_nothing(lake: Lake) -> None:
     writers, writes = 4, 8
-    errors: list[BaseException] = []
     versions: list[int] = []
-    start = threading.Barrier(writers)
 
-    def work(w: int) -> None:
-        start.wait()  # all threads race to create the table at once
-        try:
-            for i in range(writes):
-                versions.append(lake.write("envs", envs([w * 100 + i]), lineage=lin(f"t{w}"), key=["env_id"]))
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+    def work(w: int) -> None:  # all threads race to create the table at once
+        for i in range(writes):
+            versions.append(lake.write("envs", envs([w * 100 + i]), lineage=lin(f"t{w}"), key=["env_id"]))
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    at_once(work, [(w,) for w in range(writers)])
     out = lake.read("envs")
     assert out.height == writers * writes and out["env_id"].n_unique() == writers * writes
     assert lake.version("envs") == writers * writes - 1  # one commit per write...

@@ -9,6 +9,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from _concurrent import at_once
 from assets._io import check_spec, write_checked
 from assets.definitions import ALL_ASSETS, build_definitions, resources
 from assets.run import ensure_home, run_all
@@ -140,29 +141,17 @@ def test_concurrent_keyed_writes_publish_every_passing_row_and_no_failing_one(tm
     """Runs merging keyed rows into one table at once (two RL runs registering checkpoints): each passing write is
     published, together with the others' (none is rolled back by a later promotion of an earlier merge), and the
     failing one never is, whatever the interleaving."""
-    import threading
-
     lake = Lake(str(tmp_path / "lake"))
     suite = [Expect("ExpectColumnValuesToBeBetween", {"column": "value", "min_value": 0})]
     write_checked(None, lake, "registry", pl.DataFrame({"id": ["seed"], "value": [0]}), key=["id"], suite=suite,
                   lin=Lineage("seed", "registry", "1", {}))
     rows = {f"w{w}": (-1 if w == 2 else w) for w in range(6)}
-    start, errors = threading.Barrier(len(rows)), []
 
     def work(name: str) -> None:
-        start.wait()
-        try:
-            write_checked(None, lake, "registry", pl.DataFrame({"id": [name], "value": [rows[name]]}), key=["id"], suite=suite,
-                          lin=Lineage(name, "registry", "1", {}))
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        write_checked(None, lake, "registry", pl.DataFrame({"id": [name], "value": [rows[name]]}), key=["id"], suite=suite,
+                      lin=Lineage(name, "registry", "1", {}))
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in rows]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    at_once(work, [(n,) for n in rows])
     df, _ = lake.read_promoted("registry")
     assert sorted(df["id"].to_list()) == sorted(["seed", *(n for n, v in rows.items() if v >= 0)])
     # the failing rows were written (the audit trail), then undone before the next merge
@@ -172,27 +161,15 @@ def test_concurrent_keyed_writes_publish_every_passing_row_and_no_failing_one(tm
 def test_a_whole_table_write_never_rolls_back_a_later_one_published_meanwhile(tmp_path):
     """Runs replacing one whole table at once: whatever the interleaving, the published version is the latest write
     that passed (an earlier write promoted after it would roll it back); the earlier ones say they were superseded."""
-    import threading
-
     lake = Lake(str(tmp_path / "lake"))
     suite = [Expect("ExpectColumnValuesToNotBeNull", {"column": "id"})]
-    writers = 6
-    start, results, errors = threading.Barrier(writers), {}, []
+    results = {}
 
     def work(w: int) -> None:
-        start.wait()
-        try:
-            mat, _ = write_checked(None, lake, "splits", pl.DataFrame({"id": [f"w{w}"]}), suite=suite, lin=Lineage(f"w{w}", "splits", "1", {}))
-            results[w] = mat.metadata
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        mat, _ = write_checked(None, lake, "splits", pl.DataFrame({"id": [f"w{w}"]}), suite=suite, lin=Lineage(f"w{w}", "splits", "1", {}))
+        results[w] = mat.metadata
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    at_once(work, [(w,) for w in range(6)])
     latest = max(m["delta_version"] for m in results.values())
     df, v = lake.read_promoted("splits")
     assert v == latest and df["id"].to_list() == [f"w{w}" for w, m in results.items() if m["delta_version"] == latest]
