@@ -2765,16 +2765,22 @@ def op_dates_as_numbers_a_year_off(spec, turns, ref):
 _WEEKDAY_BESIDE_A_DAY = re.compile(r"\b(%s)(,? (?:the )?)(20[0-9]{2})-([01][0-9])-([0-3][0-9])\b" % "|".join(_WEEKDAYS))
 
 
-def op_weekday_wrong_beside_a_date_without_a_year(spec, turns, ref):
-    """A message's weekday next to a date made the next one, the date written month first without the year
-    ("Thursday 2026-03-05" -> "Friday 3/5")."""
+def _weekdays_made_wrong(spec, turns, day, name):
+    """Each message with a weekday next to an ISO date: that weekday made the next one, and its dates written by
+    ``day(year, month, day)`` (strings as in the ISO date), described as "... -> next weekday, ``name``"."""
     def wrong(x):
-        return f"{_WEEKDAYS[(_WEEKDAYS.index(x.group(1)) + 1) % 7]}{x.group(2)}{int(x.group(4))}/{int(x.group(5))}"
+        return f"{_WEEKDAYS[(_WEEKDAYS.index(x.group(1)) + 1) % 7]}{x.group(2)}{day(x.group(3), x.group(4), x.group(5))}"
     for ti, si, k, text in _outgoing_texts(turns):
         if _WEEKDAY_BESIDE_A_DAY.search(text):
             m = copy.deepcopy(turns)
-            m[ti][si][1][k] = _ISO_DAY.sub(lambda x: f"{int(x.group(2))}/{int(x.group(3))}", _WEEKDAY_BESIDE_A_DAY.sub(wrong, text))
-            yield f"{turns[ti][si][0]}.{k}: {_WEEKDAY_BESIDE_A_DAY.search(text).group(0)} -> next weekday, m/d", _program(spec, m)
+            m[ti][si][1][k] = _ISO_DAY.sub(lambda x: day(x.group(1), x.group(2), x.group(3)), _WEEKDAY_BESIDE_A_DAY.sub(wrong, text))
+            yield f"{turns[ti][si][0]}.{k}: {_WEEKDAY_BESIDE_A_DAY.search(text).group(0)} -> next weekday, {name}", _program(spec, m)
+
+
+def op_weekday_wrong_beside_a_date_without_a_year(spec, turns, ref):
+    """A message's weekday next to a date made the next one, the date written month first without the year
+    ("Thursday 2026-03-05" -> "Friday 3/5")."""
+    yield from _weekdays_made_wrong(spec, turns, lambda y, mo, d: f"{int(mo)}/{int(d)}", "m/d")
 
 
 def ctl_dates_with_a_zero_padded_day(spec, turns, ref):
@@ -2803,13 +2809,7 @@ def op_dates_year_first_a_day_late(spec, turns, ref):
 def op_weekday_wrong_beside_a_year_first_date(spec, turns, ref):
     """A message's weekday next to a date made the next one, the date written year first ("Thursday 2026-03-05" ->
     "Friday 2026/03/05")."""
-    def wrong(x):
-        return f"{_WEEKDAYS[(_WEEKDAYS.index(x.group(1)) + 1) % 7]}{x.group(2)}{x.group(3)}/{x.group(4)}/{x.group(5)}"
-    for ti, si, k, text in _outgoing_texts(turns):
-        if _WEEKDAY_BESIDE_A_DAY.search(text):
-            m = copy.deepcopy(turns)
-            m[ti][si][1][k] = _ISO_DAY.sub(lambda x: f"{x.group(1)}/{x.group(2)}/{x.group(3)}", _WEEKDAY_BESIDE_A_DAY.sub(wrong, text))
-            yield f"{turns[ti][si][0]}.{k}: {_WEEKDAY_BESIDE_A_DAY.search(text).group(0)} -> next weekday, yyyy/mm/dd", _program(spec, m)
+    yield from _weekdays_made_wrong(spec, turns, lambda y, mo, d: f"{y}/{mo}/{d}", "yyyy/mm/dd")
 
 
 def op_hedged_year_first_date(spec, turns, ref):
