@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import dagster as dg
 import polars as pl
 
-from cowork_pipeline.lake import ANY_PUBLISHED, Lake, Lineage, PublishConflict
+from cowork_pipeline.lake import ANY_PUBLISHED, Lake, Lineage
 from cowork_pipeline.quality import Expect, validate
 
 
@@ -21,7 +21,6 @@ def lineage(context: Any, asset: str, code_version: str, upstream: dict[str, int
     return Lineage(context.run.run_id, asset, code_version, upstream)
 
 
-PUBLISH_ATTEMPTS = 5  # another run publishing the table between our read or write and our promotion, again and again
 
 
 def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, suite: Sequence[Expect], lin: Lineage,
@@ -39,7 +38,10 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
     replaced = not merged and if_published is ANY_PUBLISHED  # the whole table or a partition, by this write alone
     version: int | None = None
     superseded = None
-    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+    retries = lake.retries
+
+    def publish() -> None:
+        nonlocal version, superseded
         published = if_published
         if merged:
             # keyed rows go onto the published rows (never onto a failed write's), and are published only while those
@@ -52,22 +54,23 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
         elif version is None:
             version = lake.write(table, df, lineage=lin, mode="overwrite")
         if not result.success:
-            break
+            return
         if replaced:
             # a later version of the table (of the partition), published by another run meanwhile, is never rolled back
             published = lake.promoted_version(table, partition[1] if partition else None)
             if published is not None and published > version:
                 superseded = published
-                break
-        try:
-            lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True}, **scope, if_published=published)
-            break
-        except PublishConflict:
-            if not (merged or replaced) or attempt == PUBLISH_ATTEMPTS:
-                raise  # a caller that planned on what was published (benchmark_scores) merges again itself
+                return
+        lake.promote(table, version, run_id=lin.run_id, checks={f"gx:{table}": True}, **scope, if_published=published)
+
+    if merged or replaced:
+        lake.until_published(table, publish)  # another run publishing first: merge again, or check again
+    else:
+        publish()  # a caller that planned on what was published (benchmark_scores) merges again itself
     meta = {"delta_version": version, "rows": len(df), "table_uri": lake.uri(table), "run_id": lin.run_id,
             "promoted": result.success and superseded is None, "upstream_versions": dg.MetadataValue.json(dict(lin.upstream_versions)),
-            "history": history_md(lake, table)}
+            "history": history_md(lake, table),
+            "retries": lake.retries - retries}  # conflicts with other runs' commits, each written or checked again
     if superseded is not None:
         meta["superseded_by_version"] = superseded
     check = dg.AssetCheckResult(

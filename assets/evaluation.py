@@ -4,7 +4,7 @@ import dagster as dg
 import polars as pl
 from dagster import AssetExecutionContext
 
-from assets._io import GATED, PUBLISH_ATTEMPTS, check_spec, lineage, plot_md, write_checked
+from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
 from cowork_pipeline.evaluation import Contestant, comparison_table, markdown_table, rebase, report, score_contestants
 from cowork_pipeline.lake import ANY_PUBLISHED, NotPromoted, PublishConflict
@@ -92,13 +92,12 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                    keep_others=agents.keeps_earlier)
     for _, a in endpoints:
         context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
-    # another run may have written the table meanwhile (a second `cowork eval`): keep what it added, and publish only
-    # on the version that was read, or read and merge again
-    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+    scored = result
+
+    def publish() -> tuple:
         latest, published = _previous_scores(context, lk)
-        result = rebase(result, previous, latest, agents.keeps_earlier)
+        result = rebase(scored, previous, latest, agents.keeps_earlier)
         trials = result.trials
-        table = comparison_table(trials)
         text = report(trials, f"Benchmark report (profile {profile.name}, run {context.run.run_id[:8]})")
         try:
             mat, check = write_checked(context, lk, "benchmark_scores", trials, lin=lineage(context, "benchmark_scores", "1", upstream),
@@ -106,11 +105,15 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                               Expect("ExpectColumnValuesToNotBeNull", {"column": "env_id"}),
                                               Expect("ExpectColumnValuesToNotBeNull", {"column": "checkpoint_id"})],
                                        if_published=published)
-            break
         except PublishConflict as e:
-            if attempt == PUBLISH_ATTEMPTS:
-                raise
             context.log.info(f"benchmark_scores changed while this run wrote them; merging again ({e})")
+            raise
+        return result, mat, check, text
+
+    # another run may have written the table meanwhile (a second `cowork eval`): keep what it added, and publish only
+    # on the version that was read, or read and merge again
+    result, mat, check, text = lk.until_published("benchmark_scores", publish)
+    table = comparison_table(result.trials)
     report_path = None
     if "://" not in lk.root:
         report_path = model_dir(lk, "..", "reports", f"benchmark_{context.run.run_id[:8]}.md").resolve()

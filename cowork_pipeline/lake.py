@@ -142,7 +142,7 @@ class Lake:
         root: str | os.PathLike[str],
         storage_options: dict[str, str] | None = None,
         *,
-        max_commit_attempts: int = 12,
+        commit_timeout_s: float = 300.0,
         backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
     ) -> None:
@@ -152,7 +152,10 @@ class Lake:
         self._is_remote = "://" in root
         self.root = root.rstrip("/") if self._is_remote else os.path.abspath(root)
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
-        self.max_commit_attempts = max(1, max_commit_attempts)
+        if commit_timeout_s <= 0:
+            raise ValueError(f"commit_timeout_s must be positive, got {commit_timeout_s}")
+        self.commit_timeout_s = commit_timeout_s
+        self.retries = 0  # conflicts with other writers retried by this Lake (telemetry)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
 
@@ -254,7 +257,7 @@ class Lake:
 
         New columns are added to the table schema (schema evolution). ``partition_by``
         applies when the table is created. Commit conflicts with concurrent writers
-        are retried with jittered backoff. An empty ``df`` still creates the table.
+        are retried with jittered backoff for up to ``commit_timeout_s``. An empty ``df`` still creates the table.
 
         ``onto`` (merge only: a version, or None for no rows) merges onto that version of
         the table, its published one, instead of the latest: versions written after it
@@ -392,24 +395,41 @@ class Lake:
                     return int(c["version"])
         raise LakeError(f"{self._where(table)}: committed write {write_id} missing from history")
 
-    def _with_retry(self, table: str, what: str, op: Callable[[], T]) -> T:
-        for n in range(1, self.max_commit_attempts + 1):
+    def _with_retry(
+        self, table: str, what: str, op: Callable[[], T], again: Callable[[BaseException], bool] = _is_conflict,
+        wrap: bool = True,
+    ) -> T:
+        # A conflict means another writer committed, so the lake as a whole progresses however many
+        # writers contend (a backfill's runs all promoting at once): retry for a time, not a count of tries,
+        # so that a writer that loses many rounds in a row still gets through.
+        deadline = time.monotonic() + self.commit_timeout_s
+        n = 0
+        while True:
+            n += 1
             try:
                 return op()
-            except LakeError:
-                raise
             except Exception as exc:
-                if _is_conflict(exc) and n < self.max_commit_attempts:
-                    # Full jitter keeps two colliding writers from colliding again.
-                    time.sleep(random.uniform(0, min(self.max_backoff_s, self.backoff_s * 2**n)))
-                    continue
-                if _is_conflict(exc):
-                    raise LakeError(
+                if not again(exc):
+                    if isinstance(exc, LakeError) or not wrap:
+                        raise
+                    raise LakeError(f"{what} to {self._where(table)} failed: {_first_line(exc)}") from exc
+                pause = random.uniform(0, min(self.max_backoff_s, self.backoff_s * 2 ** min(n, 30)))
+                if time.monotonic() + pause > deadline:
+                    kind = PublishConflict if isinstance(exc, PublishConflict) else LakeError
+                    raise kind(
                         f"{what} to {self._where(table)} still conflicted with concurrent "
-                        f"writers after {n} attempts: {_first_line(exc)}"
+                        f"writers after {n} attempts in {self.commit_timeout_s:g} s: {_first_line(exc)}"
                     ) from exc
-                raise LakeError(f"{what} to {self._where(table)} failed: {_first_line(exc)}") from exc
-        raise AssertionError("unreachable")
+                # Full jitter keeps two colliding writers from colliding again.
+                self.retries += 1
+                time.sleep(pause)
+
+    def until_published(self, table: str, op: Callable[[], T]) -> T:
+        """Run ``op`` again while it raises PublishConflict, with the backoff and the
+        ``commit_timeout_s`` of commit conflicts: ``op`` reads what is published, writes
+        on it and promotes with ``if_published``, and another writer publishing first
+        only means reading and writing again."""
+        return self._with_retry(table, "publication", op, lambda exc: isinstance(exc, PublishConflict), wrap=False)
 
     # ------------------------------------------------------------------ read
     def read(

@@ -21,9 +21,11 @@ class LakeResource(dg.ConfigurableResource):
 
     root: str = Field(default_factory=default_lake_root)
     storage_options: dict[str, str] = Field(default_factory=dict)
+    # how long a write or publication keeps retrying while other runs commit first (a backfill's runs at once)
+    commit_timeout_s: float = Field(default=300.0, gt=0)
 
     def lake(self) -> Lake:
-        return Lake(self.root, self.storage_options or None)
+        return Lake(self.root, self.storage_options or None, commit_timeout_s=self.commit_timeout_s)
 
 
 class ComputeResource(dg.ConfigurableResource):

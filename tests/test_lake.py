@@ -254,6 +254,64 @@ def test_conditional_promotion_publishes_only_on_the_version_it_was_planned_on(l
     assert lake.promoted_version("envs") == v2
 
 
+class _Busy(Lake):
+    """A real lake on which another run publishes some other table right after each read of the promotion log, so
+    that this lake's conditional promotion loses the race to commit next, ``times`` times in a row."""
+
+    def __init__(self, root: str, times: int, **kwargs) -> None:
+        super().__init__(root, backoff_s=0.0001, max_backoff_s=0.001, **kwargs)
+        self.times, self.other = times, Lake(root)
+
+    def _promotion_rows(self, dt, table):
+        rows = super()._promotion_rows(dt, table)
+        if table == "envs" and self.times:
+            self.times -= 1
+            self.other.promote("other", (self.times + 1) % 2, run_id=f"other-{self.times}")  # a change each time
+        return rows
+
+
+def test_a_conditional_promotion_that_keeps_losing_the_race_retries_until_its_timeout(tmp_path: Path) -> None:
+    """Each lost race is another run's commit (the lake progresses), so a promotion retries for a time, not a count of
+    tries: one beaten 30 times in a row (a backfill's runs all publishing) still gets through; only a lake whose
+    writers never let it commit gives up, after commit_timeout_s, naming the table."""
+    root = str(tmp_path / "lake")
+    plain = Lake(root)
+    plain.write("other", envs([7]), lineage=LIN, key=["env_id"])
+    plain.write("other", envs([8]), lineage=LIN, key=["env_id"])
+    plain.promote("other", 0, run_id="other")
+    busy = _Busy(root, times=31)  # promote's first read of the log, before it tries to commit, is beaten too
+    v = busy.write("envs", envs([1]), lineage=LIN, key=["env_id"])
+    busy.promote("envs", v, run_id="r", if_published=None)
+    assert busy.times == 0 and busy.retries == 30 and plain.promoted_version("envs") == v
+    assert plain.promotions("other").height == 32  # the other run's commits that beat it
+    hopeless = _Busy(root, times=10**6, commit_timeout_s=0.5)
+    v = hopeless.write("envs", envs([2]), lineage=LIN, key=["env_id"])
+    with pytest.raises(LakeError, match=r"promotion to table '_promotions'.*still conflicted with concurrent writers after \d+ attempts in 0.5 s"):
+        hopeless.promote("envs", v, run_id="r2", if_published=0)
+    assert plain.promoted_version("envs") == 0 and plain.promotions("envs").height == 1  # nothing recorded
+    with pytest.raises(ValueError, match="commit_timeout_s must be positive"):
+        Lake(root, commit_timeout_s=0)
+
+
+def test_until_published_runs_again_while_another_writer_publishes_first(lake: Lake) -> None:
+    calls: list[int] = []
+    quick = Lake(lake.root, backoff_s=0.0001, max_backoff_s=0.001)
+
+    def op() -> str:
+        calls.append(1)
+        if len(calls) < 20:
+            raise PublishConflict("another run published first")
+        return "published"
+
+    assert quick.until_published("envs", op) == "published" and len(calls) == 20 and quick.retries == 19
+    impatient = Lake(lake.root, commit_timeout_s=0.05, backoff_s=0.0001, max_backoff_s=0.001)
+    with pytest.raises(PublishConflict, match=r"publication to table 'envs'.*still conflicted.*attempts in 0.05 s: another"):
+        impatient.until_published("envs", lambda: (_ for _ in ()).throw(PublishConflict("another run published first")))
+    with pytest.raises(KeyError):  # anything else is the caller's own error, raised as is at once
+        quick.until_published("envs", lambda: {}["missing"])
+    assert quick.retries == 19
+
+
 def test_merge_onto_the_published_version_undoes_the_versions_after_it(lake: Lake) -> None:
     v0 = lake.write("envs", envs([1, 2]), lineage=lin("r0"), key=["env_id"])
     lake.promote("envs", v0, run_id="r0")

@@ -182,17 +182,16 @@ def test_a_whole_table_write_never_rolls_back_a_later_one_published_meanwhile(tm
 
 class _Overtaken(Lake):
     """A real lake on which another run writes and publishes the same table right after this run's write (before
-    this run promotes): the interleaving of two runs, made certain."""
+    this run promotes), one other run after each write: the interleaving of runs, made certain."""
 
-    def __init__(self, root: str, other_run) -> None:
-        super().__init__(root)
-        self.other_run = other_run
+    def __init__(self, root: str, *other_runs) -> None:
+        super().__init__(root, backoff_s=0.001, max_backoff_s=0.01)
+        self.other_runs = [r for r in other_runs if r is not None]
 
     def write(self, table, df, **kwargs):
         version = super().write(table, df, **kwargs)
-        other, self.other_run = self.other_run, None
-        if other is not None:
-            other()
+        if self.other_runs:
+            self.other_runs.pop(0)()
         return version
 
 
@@ -221,6 +220,26 @@ def test_a_write_overtaken_by_another_run_does_not_roll_it_back(tmp_path, partit
     assert third.metadata["promoted"] and plain.read_promoted("envs")[0].filter(pl.col("capability_id") == "a")["id"].to_list() == ["run3"]
     if partition:
         assert plain.promoted_version("envs", "b") > third.metadata["delta_version"] == plain.promoted_version("envs", "a")
+
+
+def test_a_keyed_write_overtaken_again_and_again_merges_again_until_it_is_published(tmp_path):
+    """A busy table: eight other runs each publish a keyed row between this run's merge and its promotion. It merges
+    onto their rows each time and is published in the end, every run's row with it (five tries used to give up)."""
+    root, suite = str(tmp_path / "lake"), [Expect("ExpectColumnValuesToNotBeNull", {"column": "id"})]
+    plain = Lake(root)
+
+    def publish(lake: Lake, name: str):
+        return write_checked(None, lake, "registry", pl.DataFrame({"id": [name]}), key=["id"], suite=suite,
+                             lin=Lineage(name, "registry", "1", {}))[0]
+
+    publish(plain, "seed")
+    others = [lambda i=i: publish(plain, f"other{i}") for i in range(8)]
+    lake = _Overtaken(root, *others)
+    mat = publish(lake, "mine")
+    assert mat.metadata["promoted"] and not lake.other_runs and lake.retries == mat.metadata["retries"] == 8
+    published, version = plain.read_promoted("registry")
+    assert version == mat.metadata["delta_version"]
+    assert sorted(published["id"]) == sorted(["seed", "mine", *(f"other{i}" for i in range(8))])
 
 
 def test_downstream_of_never_promoted_table_fails_clearly(tmp_path):
