@@ -636,10 +636,22 @@ class _Published:
 
     @classmethod
     def replay(cls, log: pl.DataFrame) -> _Published:
-        state = cls()
-        for rec in log.iter_rows(named=True):
-            state = state.apply(rec["version"], rec.get("partition"), rec.get("partition_column"))
-        return state
+        """The state after applying every row of ``log`` (oldest first) in turn, computed on the columns
+        (a long-lived lake's log has a row per publication: a fold in Python took 0.3 s per 170,000)."""
+        if log.is_empty():
+            return cls()
+        rows = log.select("version", "partition", "partition_column").with_row_index("i")
+        whole = rows.filter(pl.col("partition").is_null() | pl.col("partition_column").is_null())["i"]
+        last_whole = int(whole.max()) if len(whole) else -1  # type: ignore[arg-type]
+        tail = rows.filter(pl.col("i") > last_whole)  # partition promotions only, after the last whole-table one
+        # a partition promotion under another partition column than the one before it starts afresh (see apply)
+        changed = tail.filter(pl.col("partition_column") != pl.col("partition_column").shift(1))["i"]
+        start = int(changed.max()) if len(changed) else last_whole  # type: ignore[arg-type]
+        base = None if start < 0 else int(rows["version"][start])
+        if tail.is_empty():
+            return cls(base=base)
+        parts = tail.filter(pl.col("i") >= start).group_by("partition").agg(pl.col("version").sort_by("i").last())
+        return cls(base, tail["partition_column"][-1], dict(zip(parts["partition"].to_list(), parts["version"].to_list())))
 
     def apply(self, version: int, partition: str | None, column: str | None) -> _Published:
         if column is None or partition is None:

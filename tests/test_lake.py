@@ -12,6 +12,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from _concurrent import at_once
@@ -24,6 +26,7 @@ from cowork_pipeline.lake import (
     NotPromoted,
     PublishConflict,
     TableNotFound,
+    _Published,
 )
 
 LIN = Lineage(run_id="run-1", asset="environments", code_version="v1", upstream_versions={"b": 2, "a": 1})
@@ -310,6 +313,21 @@ def test_until_published_runs_again_while_another_writer_publishes_first(lake: L
     with pytest.raises(KeyError):  # anything else is the caller's own error, raised as is at once
         quick.until_published("envs", lambda: {}["missing"])
     assert quick.retries == 19
+
+
+_LOG_ROW = st.tuples(st.integers(0, 9), st.sampled_from([None, "a", "b", "c"]), st.sampled_from([None, "cap", "cap", "split"]))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(_LOG_ROW, max_size=30))
+def test_replaying_the_promotion_log_on_columns_is_applying_each_promotion_in_turn(log: list) -> None:
+    """Whole-table promotions, partition promotions and a change of partition column, in any order: the state read off
+    the log's columns at once is the one reached by applying its promotions one by one."""
+    folded = _Published()
+    for version, partition, column in log:
+        folded = folded.apply(version, partition, column)
+    frame = pl.DataFrame(log, schema={"version": pl.Int64, "partition": pl.String, "partition_column": pl.String}, orient="row")
+    assert _Published.replay(frame) == folded
 
 
 def test_merge_onto_the_published_version_undoes_the_versions_after_it(lake: Lake) -> None:
