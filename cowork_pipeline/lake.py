@@ -289,7 +289,10 @@ class Lake:
                 df = df.unique(subset=keys, keep="last", maintain_order=True)
 
         df = _with_lineage(df, lineage)
-        commit = CommitProperties(custom_metadata=lineage.commit_metadata())
+        replaced = _replaced_partition(replace_where)
+        # recorded so that read_promoted can tell which partitions a commit left as they were
+        extra = {"replaces_partition": json.dumps(replaced)} if replaced else {}
+        commit = CommitProperties(custom_metadata={**lineage.commit_metadata(), **extra})
 
         def attempt() -> int:
             try:
@@ -596,9 +599,12 @@ class Lake:
             return self.read(table, version=published, columns=columns), published
 
         col = _quote_ident(state.column())
+        # a partition no later commit can have changed is read at the latest version, all such in one read: a
+        # backfill publishes each partition at its own version, and opening the table at each costs ~15 ms
+        latest, unchanged = self._unchanged_since(table, state.column(), state.parts)
         by_version: dict[int, list[str]] = {}
         for value, v in state.parts.items():
-            by_version.setdefault(v, []).append(value)
+            by_version.setdefault(latest if value in unchanged else v, []).append(value)
         frames = [
             self._select(table, v, columns, f"{col} IN ({', '.join(map(_quote_literal, sorted(values)))})")
             for v, values in sorted(by_version.items())
@@ -610,6 +616,26 @@ class Lake:
             )
         # Versions may differ in schema (evolution): align columns, null-fill the gaps.
         return pl.concat(frames, how="diagonal_relaxed"), published
+
+
+    def _unchanged_since(self, table: str, column: str, parts: dict[str, int]) -> tuple[int, set[str]]:
+        """(a version L, the partitions of ``column`` whose rows at L are those at their version in ``parts``):
+        those that every commit after their version replaced another partition of ``column`` alone, by the
+        commits' own record (any other commit may have changed every partition)."""
+        oldest = min(parts.values())
+        history = self._raw_history(table, max(1, (self.version(table) or 0) - oldest))
+        commits = {int(c["version"]): c for c in history if int(c["version"]) > oldest}
+        latest = max(commits, default=oldest)
+        if sorted(commits) != list(range(oldest + 1, latest + 1)):
+            return oldest, set()  # a gap in the listing: trust nothing
+        everything_since, since = -1, {}  # the last commit that may have changed every partition, or one of them
+        for version, commit in commits.items():
+            replaced = json.loads(commit.get("replaces_partition") or "null")
+            if not replaced or replaced[0] != column:
+                everything_since = max(everything_since, version)
+            else:
+                since[replaced[1]] = max(since.get(replaced[1], -1), version)
+        return latest, {p for p, v in parts.items() if v >= everything_since and since.get(p, -1) <= v}
 
 
 _PROMOTIONS_SCHEMA = pl.Schema(
@@ -682,6 +708,15 @@ def _with_lineage(df: pl.DataFrame, lineage: Lineage) -> pl.DataFrame:
         pl.lit(lineage.code_version, dtype=pl.String).alias("_code_version"),
         pl.lit(lineage.upstream_json(), dtype=pl.String).alias("_upstream_versions"),
     )
+
+
+_PARTITION_PREDICATE = re.compile(r"""\s*("?)([A-Za-z_][A-Za-z0-9_]*)\1\s*=\s*'((?:[^']|'')*)'\s*""")
+
+
+def _replaced_partition(replace_where: str | None) -> list[str] | None:
+    """[column, value] when ``replace_where`` is ``column = 'value'``: the one partition an overwrite replaces."""
+    m = _PARTITION_PREDICATE.fullmatch(replace_where or "")
+    return [m.group(2), m.group(3).replace("''", "'")] if m else None
 
 
 def _target_schema(dt: DeltaTable | None) -> pl.Schema | None:

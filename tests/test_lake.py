@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
@@ -411,6 +411,59 @@ def test_partitioned_promotion_never_leaks_a_failed_partition(lake: Lake) -> Non
     lake.promote("envs", 2, run_id="r", partition="A")
     data, version = lake.read_promoted("envs")
     assert version == 2 and sorted(data["tag"].unique()) == ["BAD", "good"]
+
+
+_STEP = st.tuples(st.sampled_from(["replace", "replace", "replace", "merge", "append", "overwrite", "promote", "promote_all"]),
+                  st.sampled_from(["A", "B", "C"]), st.integers(0, 3))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(_STEP, min_size=1, max_size=12))
+@example([("replace", "A", 2), ("promote", "A", 0), ("replace", "A", 2)])  # published, then replaced again
+@example([("replace", "A", 2), ("promote", "A", 0), ("replace", "B", 1), ("merge", "A", 1)])  # then merged into
+def test_read_promoted_reads_each_partition_as_it_was_published(tmp_path_factory, steps: list) -> None:
+    """Partition overwrites (and the odd merge, append or whole-table overwrite) with partition and whole-table
+    promotions in any order: read_promoted gives each partition's rows as they were at its own published version,
+    the rest as at the whole-table one, whichever version it actually reads them at."""
+    lake = Lake(str(tmp_path_factory.mktemp("lake")))
+    for i, (op, cap, n) in enumerate(steps):
+        rows = caps(cap, n, f"s{i}")
+        if op == "replace" or not lake.exists("envs"):
+            lake.write("envs", rows, lineage=LIN, mode="overwrite", replace_where=f"cap = '{cap}'")
+        elif op == "merge":
+            lake.write("envs", rows, lineage=LIN, key=["env_id"])
+        elif op == "append":
+            lake.write("envs", caps(cap, n, f"s{i}").with_columns(pl.col("env_id") + f"-{i}"), lineage=LIN, mode="append")
+        elif op == "overwrite":
+            lake.write("envs", pl.concat([caps(c, n, f"s{i}") for c in "AB"]), lineage=LIN, mode="overwrite")
+        elif op == "promote":
+            lake.promote("envs", lake.version("envs") - n % 2 * (lake.version("envs") > 0), run_id="r", partition=cap, partition_column="cap")
+        else:
+            lake.promote("envs", lake.version("envs"), run_id="r")
+    if lake.promoted_version("envs") is None:
+        return
+    state = _Published.replay(lake.promotions("envs"))
+    expected = [lake.read("envs", version=v).filter(pl.col("cap") == p) for p, v in state.parts.items()]
+    if state.base is not None:
+        expected.append(lake.read("envs", version=state.base).filter(~pl.col("cap").is_in(list(state.parts))))
+    got, version = lake.read_promoted("envs")
+    assert version == state.version()
+    assert_frame_equal(sorted_data(got).sort("env_id", "tag"), sorted_data(pl.concat(expected)).sort("env_id", "tag"))
+
+
+def test_a_backfills_partitions_are_read_at_the_latest_version_when_nothing_changed_them_since(lake: Lake) -> None:
+    """Each partition published at its own version, and every later commit replaced another partition: all are read
+    in one read of the latest version; a merge after a partition's version sends that one back to its own version."""
+    for cap in "ABCD":
+        v = lake.write("envs", caps(cap, 2, f"{cap}-published"), lineage=LIN, mode="overwrite", replace_where=f"cap = '{cap}'")
+        lake.promote("envs", v, run_id="r", partition=cap, partition_column="cap")
+    lake.write("envs", caps("A", 2, "A-unpublished"), lineage=LIN, mode="overwrite", replace_where="cap = 'A'")
+    latest = lake.version("envs")
+    assert lake._unchanged_since("envs", "cap", {c: lake.promoted_version("envs", c) for c in "ABCD"}) == (latest, set("BCD"))
+    assert set(lake.read_promoted("envs")[0]["tag"]) == {f"{c}-published" for c in "ABCD"}
+    lake.write("envs", caps("D", 1, "merged"), lineage=LIN, key=["env_id"])
+    assert lake._unchanged_since("envs", "cap", {"C": 2, "D": 3}) == (latest + 1, set())
+    assert set(lake.read_promoted("envs")[0]["tag"]) == {f"{c}-published" for c in "ABCD"}
 
 
 def test_concurrent_partition_overwrites_lose_nothing(lake: Lake) -> None:
