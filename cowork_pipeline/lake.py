@@ -617,7 +617,6 @@ class Lake:
         # Versions may differ in schema (evolution): align columns, null-fill the gaps.
         return pl.concat(frames, how="diagonal_relaxed"), published
 
-
     def _unchanged_since(self, table: str, column: str, parts: dict[str, int]) -> tuple[int, set[str]]:
         """(a version L, the partitions of ``column`` whose rows at L are those at their version in ``parts``):
         those that every commit after their version replaced another partition of ``column`` alone, by the
@@ -630,11 +629,14 @@ class Lake:
             return oldest, set()  # a gap in the listing: trust nothing
         everything_since, since = -1, {}  # the last commit that may have changed every partition, or one of them
         for version, commit in commits.items():
-            replaced = json.loads(commit.get("replaces_partition") or "null")
-            if not replaced or replaced[0] != column:
-                everything_since = max(everything_since, version)
-            else:
+            try:
+                replaced = json.loads(commit.get("replaces_partition") or "null")
+            except (TypeError, ValueError):  # another tool's metadata under our key: it may have changed anything
+                replaced = None
+            if isinstance(replaced, list) and len(replaced) == 2 and replaced[0] == column and isinstance(replaced[1], str):
                 since[replaced[1]] = max(since.get(replaced[1], -1), version)
+            else:
+                everything_since = max(everything_since, version)
         return latest, {p for p, v in parts.items() if v >= everything_since and since.get(p, -1) <= v}
 
 

@@ -464,6 +464,12 @@ def test_a_backfills_partitions_are_read_at_the_latest_version_when_nothing_chan
     lake.write("envs", caps("D", 1, "merged"), lineage=LIN, key=["env_id"])
     assert lake._unchanged_since("envs", "cap", {"C": 2, "D": 3}) == (latest + 1, set())
     assert set(lake.read_promoted("envs")[0]["tag"]) == {f"{c}-published" for c in "ABCD"}
+    # another tool's commit with something else under the key: it may have changed anything, and breaks nothing
+    from deltalake import CommitProperties, write_deltalake
+    write_deltalake(lake.uri("envs"), caps("B", 1, "foreign").to_arrow(), mode="append", schema_mode="merge",
+                    commit_properties=CommitProperties(custom_metadata={"replaces_partition": "{not json"}))
+    assert lake._unchanged_since("envs", "cap", {"B": 1}) == (latest + 2, set())
+    assert set(lake.read_promoted("envs")[0]["tag"]) == {f"{c}-published" for c in "ABCD"}
 
 
 def test_concurrent_partition_overwrites_lose_nothing(lake: Lake) -> None:
