@@ -501,9 +501,6 @@ class Lake:
             raise TableNotFound(f"cannot promote: {self._where(table)} does not exist")
         if not 0 <= version <= latest:
             raise LakeError(f"cannot promote {self._where(table)} version {version}: latest is {latest}")
-        state = _Published.replay(self.promotions(table))
-        if state.apply(version, partition, partition_column) == state:
-            return  # already published exactly like this: idempotent
         row = pl.DataFrame(
             {
                 "table": [table],
@@ -532,8 +529,11 @@ class Lake:
                 log: DeltaTable | None = DeltaTable(uri, storage_options=self.storage_options)
             except TableNotFoundError:
                 log = None
+            # one read of the log decides both whether anything changes and, conditional, whether it may
+            state = _Published.replay(self._promotion_rows(log, table)) if log is not None else _Published()
+            if state.apply(version, partition, partition_column) == state:
+                return  # already published exactly like this: idempotent
             if conditional:
-                state = _Published.replay(self._promotion_rows(log, table)) if log is not None else _Published()
                 now = state.version(partition if partition_column is not None else None)
                 if now != if_published:
                     raise PublishConflict(
