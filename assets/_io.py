@@ -21,8 +21,6 @@ def lineage(context: Any, asset: str, code_version: str, upstream: dict[str, int
     return Lineage(context.run.run_id, asset, code_version, upstream)
 
 
-
-
 def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, suite: Sequence[Expect], lin: Lineage,
                   key: Sequence[str] | None = None, partition: tuple[str, str] | None = None,
                   audit_df: pl.DataFrame | None = None, if_published: int | None = ANY_PUBLISHED) -> tuple[dg.MaterializeResult, dg.AssetCheckResult]:

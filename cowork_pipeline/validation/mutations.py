@@ -289,8 +289,9 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
     currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET");
     each amount, time and date hedged between itself and another value ("4830.00 or 5314.00", "15:00 or
-    16:00", "2026-03-05 or 2026-03-06"); its amounts as record numbers ("4830.00" -> "#4830"); its dates in words in the next year ("March 5, 2027" for 2026-03-05:
-    a checker that finds "March 5" and stops there lets it through); the weekday beside a date
+    16:00", "2026-03-05 or 2026-03-06"); its amounts as record numbers ("4830.00" -> "#4830"); its dates in
+    words in the next year ("March 5, 2027" for 2026-03-05: a checker that finds "March 5" and stops there
+    lets it through); the weekday beside a date
     the next one ("Friday 2026-03-05" for a Thursday); the work reported as not done ("I couldn't get this done").
     A checker that only looks for the value lets them through."""
     param = MESSAGE_TEXT.get(s.tool)
