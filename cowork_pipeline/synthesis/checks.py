@@ -82,6 +82,34 @@ def _has_amount(text, value, currency=""):
         said = True
     return said
 
+def _stray_amounts(text, said):
+    t = _money(_low(text))
+    import re
+    # every money figure (cents, or a currency beside it) must be one of ``said``; not a record's number
+    # ("inv-8350", "#8350"), a date's or a time's parts, a count or a percentage
+    for m in re.finditer("(?<![0-9a-z#_.:/-])[0-9]+(?:[.][0-9]+)?(?![0-9]|[.][0-9]|[:/-][0-9])", t):
+        b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", t[max(0, m.start() - 24):m.start()])
+        a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", t[m.end():m.end() + 24])
+        money = re.fullmatch("[0-9]+[.][0-9]{2}", m.group(0)) is not None or _currency(b.group(1) if b else "") or _currency(a.group(1) if a else "")
+        if money and not any(abs(float(m.group(0)) - float(v)) <= 0.005 for v in said.split("|") if v):
+            return True
+    return False
+
+def _stray_figures(text, allowed):
+    # ``allowed``: "8%" or "12 seat" phrasings joined by "|"; a percentage or a count of one of their nouns
+    # ("13 seats") that is none of them is stray (a count of anything else, a date's day, is not judged)
+    import re
+    t = _figures(text)
+    percents = [a[:-1] for a in allowed.split("|") if a.endswith("%")]
+    counts = [a.split(" ") for a in allowed.split("|") if " " in a]
+    if "%" in t and _other_percent(text, "|".join(percents)):
+        return True
+    for n, noun in counts:
+        for m in re.finditer("(?<![0-9a-z#.:/-])([0-9]+)[ ]" + noun + "s?(?![a-z])", t):
+            if not any(m.group(1) == c for c, w in counts if w == noun):
+                return True
+    return False
+
 def _hedges(t):
     if " or " not in t:  # (most messages): no regex
         return False
@@ -527,7 +555,10 @@ def _text_compare(values: list[Any]) -> str:
 
 def _field_equals(p: dict[str, Any], strict: bool) -> str:
     """The record's fields hold these values: numbers to the cent, lists in any order, date-times as
-    instants (17:00+02:00 is 15:00Z), text up to case and spacing, phone numbers up to punctuation."""
+    instants (17:00+02:00 is 15:00Z), text up to case and spacing, phone numbers up to punctuation. Where
+    amounts are among them, a text the agent wrote on the record (a text field, or a note in its history: "Closed at
+    64650.00 USD") states no other amount than these and the ones they replaced: colleagues read the note too. With
+    ``figures`` ("8%", "12 seat"), it states no other percentage and no other count of those things either."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
@@ -556,7 +587,17 @@ for k, v in want.items():
             return False
     elif got != v:
         return False
-return True"""
+""" + ("" if not (nums or p.get("figures")) else f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
+said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
+figures = {"|".join(p.get("figures") or [])!r}
+# the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
+# (built without appending: checkers that never mutate a value share one decoded copy of the evidence)
+appended = [e.get("new") if isinstance(e, dict) else e for k in d if isinstance(d[k][0], list) and isinstance(d[k][1], list)
+            and d[k][1][:len(d[k][0])] == d[k][0] for e in d[k][1][len(d[k][0]):]]
+for t in [d[k][1] for k in d if k not in want] + appended:
+    if isinstance(t, str) and (_stray_amounts(t, said) or figures and _stray_figures(t, figures)):
+        return False
+""") + "return True"
 
 
 def _fmt_amount(x: Any) -> str:
@@ -739,6 +780,8 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not any({_ids_cond('r.get(k)', p)} for k in {sorted(p.get('excludes') or {})!r})"
     if p.get("others") and coll == "mail.messages":  # an email greets none of the people it is not for
         unless += f" and not _greets(r.get('body', ''), {p['others']!r})"
+    for k, allowed in sorted((p.get("figures") or {}).items()):  # a text that restates its source's figures gets none wrong
+        unless += f" and not _stray_figures(str(r.get({k!r}, '')), {'|'.join(allowed)!r})"
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
         unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body')))"
     if not strict:

@@ -8,8 +8,8 @@ The per-step operators (missing_step, wrong_target, wrong_record, wrong_value) c
 every effectful step of every turn, so no later step or turn goes unchecked (see CAPS);
 collateral_write overwrites a field the task leaves alone on a record it updates; wrong_mention
 makes a message name a look-alike record in place of the one it is about; misstated_value states
-a message's amounts in another currency, hedges its amounts, times and dates between two values, or gives
-the wrong weekday for a date; empty_message sends
+a message's amounts in another currency, hedges its amounts, times and dates between two values, gives
+the wrong weekday for a date, or misstates the amounts or figures of a note written on a record; empty_message sends
 a message that says nothing (a checker that only sees *that* a message went out lets it pass).
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
 CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
-        "misstated_value": 4, "empty_message": 3}
+        "misstated_value": 4, "misstated_note": 2, "empty_message": 3}  # misstated_note: misstated_value on notes on records
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -332,6 +332,33 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     return out
 
 
+# Texts the agent writes on a record for colleagues to read later (a deal's or an invoice's note, a task's notes).
+RECORD_TEXT = {"crm_update_deal": "note", "crm_update_invoice": "note", "tasks_create": "notes", "tasks_update": "notes",
+               "calendar_create_event": "description", "calendar_update_event": "description",
+               "helpdesk_create_ticket": "description", "docs_create": "content", "docs_update": "content"}
+
+
+_FIGURE = re.compile(r"(?<![\w.,:/#-])(\d{1,3})(%| [a-z]+s\b)")  # "8%", "12 seats"
+
+
+def _record_text_misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
+    """The step's record right in every field, the text it writes on it with its amounts a tenth more ("Closed at
+    71115.00 USD" for 64650.00), or its percentages and counts one more ("9% volume discount", "billed for 13 seats"):
+    a checker that reads only the record's fields lets the note mislead every colleague who reads it."""
+    param = RECORD_TEXT.get(s.tool)
+    text = s.args.get(param) if param else None
+    if not isinstance(text, str):
+        return []
+    out = []
+    if _MONEY.search(text):
+        new = _MONEY.sub(lambda m: f"{float(m.group(0)) * 1.1:.2f}", text)
+        out.append(({**s.args, param: new}, f"{param} states its amounts a tenth more ('{_MONEY.search(new).group(0)}')"))
+    if _FIGURE.search(text):
+        new = _FIGURE.sub(lambda m: f"{int(m.group(1)) + 1}{m.group(2)}", text)
+        out.append(({**s.args, param: new}, f"{param} gives its figures one more ('{_FIGURE.search(new).group(0)}')"))
+    return out
+
+
 def _confusable(v: str, other: str) -> bool:
     """Could a reader take ``other`` for ``v``? Codes of one pattern (INV-1458 / INV-3085, tkt_3fa2c /
     tkt_9b01d), names or titles sharing a word ('Fatima Garcia' / 'Fatima Ivanova'). Never a longer or
@@ -479,6 +506,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     # again): within the cap, the messages of one environment are misstated in as many ways as possible
     per_site = [c[k % len(c):] + c[:k % len(c)] for k, c in enumerate([c for c in per_site if c])]
     out.extend(_select(per_site, CAPS["misstated_value"]))
+    # notes written on records apart: within the messages' cap they would push a message's misstatement out
+    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _record_text_misstatements(s)] for ti, si, s in effectful]
+    out.extend(_select(per_site, CAPS["misstated_note"]))
 
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["empty_message"]))

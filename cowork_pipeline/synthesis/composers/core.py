@@ -44,7 +44,7 @@ def invoice_reconcile(ctx: Ctx) -> Composition:
         Step(tool="mail_reply", args={"message_id": V("msg"), "body": f"Hi {first(cust['name'])}, invoice {number} is now corrected to {new:.2f} USD. Best, {first(me['name'])}"}),
     ], reply=f"Invoice {number} is corrected to {new:.2f} USD and I confirmed it to {cust['name']}.")]
     items = [
-        ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}}, service="crm"), 2.0),
+        ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}, "figures": [f"{pct}%"]}, service="crm"), 2.0),
         ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "currency": "USD", "in_reply_to": msg["id"],
                                                                                                                   "excludes": other_names(wb.state, "crm.invoices", "number", number), "ids": id_shape(number)}, service="mail")),
     ]

@@ -292,8 +292,10 @@ def onboarding_plan(ctx: Ctx) -> Composition:
 
 
 # ---- 5. invoice dispute (multi-turn) -----------------------------------------------------
-DISPUTES = ["we were billed for 12 seats but we only have 10", "the onboarding fee was waived in our contract",
-            "the agreed volume discount is missing", "the March usage was counted twice"]
+# (the reason, the figures a ticket restating it may give: its counts and their difference)
+DISPUTES = [("we were billed for 12 seats but we only have 10", ["12 seat", "10 seat", "2 seat"]),
+            ("the onboarding fee was waived in our contract", []), ("the agreed volume discount is missing", []),
+            ("the March usage was counted twice", [])]
 
 
 @composer("invoice_dispute")
@@ -308,7 +310,7 @@ def invoice_dispute(ctx: Ctx) -> Composition:
     old = wb.amount(1500, 30000)
     pct = ctx.piece("correction").choice([5, 10, 15, 20])
     corrected = round(old * (100 - pct) / 100, 2)
-    reason = ctx.piece("reason").choice(DISPUTES)
+    reason, figures = ctx.piece("reason").choice(DISPUTES)
     inv = wb.add_invoice(acc, number=number, amount=old)
     for _ in range(ctx.near_duplicates):  # the same customer's other invoices, and an older thank-you mail
         paid = wb.add_invoice(acc, status="paid")
@@ -353,7 +355,8 @@ def invoice_dispute(ctx: Ctx) -> Composition:
         ItemPlan("ticket_opened", f"A high-priority ticket about {number} with {cust['email']} as requester",
                  CheckSpec("record_created", {"collection": "helpdesk.tickets", "match": {"requester": cust["email"], "priority": "high"},
                                               "includes": {"subject": [number]},
-                                              "excludes": {"subject": wrong, "description": wrong}, "ids": id_shape(number)}, service="helpdesk"),
+                                              "excludes": {"subject": wrong, "description": wrong}, "ids": id_shape(number),
+                                              "figures": {"description": figures}}, service="helpdesk"),
                  2.0, turn=0),
         # Judged on the world as turn 1 left it (turn 2 sets the status back to open).
         ItemPlan("dispute_recorded", f"At the end of turn 1, invoice {number} is disputed (amount still {old:.2f})",
