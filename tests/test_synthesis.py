@@ -235,6 +235,26 @@ def test_a_note_on_a_record_states_no_other_amount_or_figure():
     assert not _run_check(ticket, opened("Billed for 13 seats but they only have 11."))
 
 
+def test_a_note_on_a_record_names_only_the_people_its_source_names():
+    """embedded-28: with ``people``, a note written on the record names nobody of the world in full but them and the
+    user (any case, at word edges); a namesake, or anyone else of the world, fails; a first name alone or a
+    stranger to the world is not judged; a second directory entry with the very same name is that name."""
+    code = source(CheckSpec("field_equals", {"collection": "crm.deals", "id": "deal_1", "fields": {"stage": "won"}, "people": ["Marcus García"]}))
+    people = {f"p{i}": {"id": f"p{i}", "name": n, "email": f"p{i}@northwind.example"}
+              for i, n in enumerate(["Marcus García", "Marcus Mensah", "Mei Weber", "Ana Lee", "Marcus García"])}
+
+    def noted(note: str) -> dict[str, Any]:
+        ev = _deal_noted(note)
+        ev["final"]["directory.people"] = people
+        ev["profile"] = {"name": "Mei Weber", "email": "p2@northwind.example"}
+        return ev
+    for ok in ["Announced by Marcus García in #deals", "announced by MARCUS GARCÍA, logged by Mei Weber", "Announced by Marcus",
+               "Announced by Marcus García (cc Bob Stranger)", "Closed, see Ana Leeds' sheet", ""]:
+        assert _run_check(code, noted(ok)), ok
+    for wrong in ["Announced by Marcus Mensah in #deals", "Announced by Marcus García and Ana Lee"]:
+        assert not _run_check(code, noted(wrong)), wrong
+
+
 def test_messages_naming_another_record_fail_at_word_edges():
     """``excludes``: a confirmation that names another invoice fails even when its subject names the right
     one; names match at word edges (INV-123 is not named by INV-1234) and in any case or spacing."""
@@ -999,17 +1019,19 @@ FIELDS_ONLY_DEAL_CHECK = (
 
 def test_planted_deal_checker_that_reads_only_the_fields_is_caught_by_the_note(validator, outcomes):
     """certify-16: a checker that holds the won deal to its stage and amount fields lets a note on the deal that
-    states another amount through ("Closed at 71115.00 USD" on a deal won at 64650.00): the misstated-value mutant
-    of the note shows the gap; the embedded check (embedded-28) kills it."""
+    states another amount through ("Closed at 71115.00 USD" on a deal won at 64650.00), and one naming another
+    person as the announcer: the misstated-value mutants of the note show the gap; the embedded check (embedded-28)
+    kills them."""
     spec = certified_spec(outcomes, "deal_won_from_chat")
     code = FIELDS_ONLY_DEAL_CHECK.format(deal=spec.facts["deal_id"], amount=float(spec.facts["amount"]))
     cert = validator.certify(planted(with_item_code(spec, "deal_won", code)))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    [d] = cert.diagnostics
-    assert d.detail["operator"] == "misstated_value" and "note states its amounts a tenth more" in d.message, d.message
+    amount, person = cert.diagnostics
+    assert {amount.detail["operator"], person.detail["operator"]} == {"misstated_value"}
+    assert "note states its amounts a tenth more" in amount.message and " in place of " in person.message, cert.diagnostics
     [orig] = [o.final.certification for o in outcomes["deal_won_from_chat"] if o.accepted and o.final.draft.spec is spec]
-    [noted] = [m for m in orig.mutants if "note states its amounts" in m["description"]]
-    assert noted["failed_items"] == ["deal_won"], noted
+    noted = [m for m in orig.mutants if m["description"].startswith("crm_update_deal in turn 0: note")]
+    assert len(noted) == 2 and all(m["failed_items"] == ["deal_won"] for m in noted), noted
 
 
 MAIL_ONLY_LEAK_CHECK = (
@@ -3707,6 +3729,47 @@ def ctl_record_text_restated(spec, turns, ref):
                 m[ti][si][1][k] = text.rstrip(".") + " (" + ", ".join(extra) + ")."
                 yield f"{tool}.{k}: {m[ti][si][1][k][:70]!r}", _program(spec, m)
 
+
+def op_record_text_names_a_namesake(spec, turns, ref):
+    """A title or text written on a record (a task's title, a ticket's description, a note) naming someone else
+    with the same first name, else another person, in place of the person it names ("Order laptop for Kwame García"
+    -> "... for Kwame Lee"): the record is about the wrong person."""
+    names = sorted({r["name"] for c in ("directory.people", "crm.contacts") for r in spec.world.get(c, {}).values() if r.get("name")}, key=len, reverse=True)
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        for k in ("title", "subject", "name") + RECORD_TEXTS if tool in CREATES or tool.split("_", 1)[-1].startswith("update") else ():
+            text = args.get(k)
+            said = next((n for n in names if isinstance(text, str) and n in text), None)
+            if said is None:
+                continue
+            others = [n for n in names if n != said and n not in text and n != spec.world["_meta"]["profile"].get("name")]  # (the user may sign)
+            twin = next((n for n in others if n.split()[0] == said.split()[0]), None) or (others[0] if others else None)
+            if twin is not None:
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = text.replace(said, twin)
+                yield f"{tool}.{k}: {said!r} -> {twin!r}", _program(spec, m)
+
+
+def op_new_record_text_misstates_when(spec, turns, ref):
+    """A new event or task given a description / notes (none in the reference) that states its time an hour late
+    or its date a day late ("Budget check-in, 16:00 UTC" for a 15:00 meeting): the invite's text misleads."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        key = {"calendar_create_event": "description", "tasks_create": "notes"}.get(tool)
+        if key is None or args.get(key):
+            continue
+        when = args.get("start") or args.get("due")
+        if not isinstance(when, str):
+            continue
+        if "T" in when:
+            late = _shift(when, 1)
+            text = f"{args.get('title', '')}: {late[:10]} at {late[11:16]} UTC."
+        else:
+            text = f"{args.get('title', '')}: due {(datetime.fromisoformat(when) + timedelta(days=1)).strftime('%Y-%m-%d')}."
+        m = copy.deepcopy(turns)
+        m[ti][si][1][key] = text
+        yield f"{tool}.{key}: {text!r}", _program(spec, m)
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -3799,7 +3862,9 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "values_swapped_between_records": op_values_swapped_between_records,
              "record_text_misstates_an_amount": op_record_text_misstates_an_amount,
              "record_text_misstates_a_figure": op_record_text_misstates_a_figure,
-             "record_text_restated (control)": ctl_record_text_restated}
+             "record_text_restated (control)": ctl_record_text_restated,
+             "record_text_names_a_namesake": op_record_text_names_a_namesake,
+             "new_record_text_misstates_when": op_new_record_text_misstates_when}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

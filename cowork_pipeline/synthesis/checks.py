@@ -110,6 +110,18 @@ def _stray_figures(text, allowed):
                 return True
     return False
 
+def _stray_people(text, ev, allowed):
+    # a person of the world named in full that is none of ``allowed`` ("|"-joined, lower case) nor the user:
+    # by name, so a namesake with the very same name is the person named
+    t = _low(text)
+    ok = allowed.split("|") + [_low(ev["profile"].get("name", ""))]
+    for c in ("directory.people", "crm.contacts"):
+        for r in _coll(ev, c).values():
+            n = _low(r.get("name") or "")
+            if n and n in t and n not in ok and _mentions(t, [n]):
+                return True
+    return False
+
 def _hedges(t):
     if " or " not in t:  # (most messages): no regex
         return False
@@ -558,7 +570,8 @@ def _field_equals(p: dict[str, Any], strict: bool) -> str:
     instants (17:00+02:00 is 15:00Z), text up to case and spacing, phone numbers up to punctuation. Where
     amounts are among them, a text the agent wrote on the record (a text field, or a note in its history: "Closed at
     64650.00 USD") states no other amount than these and the ones they replaced: colleagues read the note too. With
-    ``figures`` ("8%", "12 seat"), it states no other percentage and no other count of those things either."""
+    ``figures`` ("8%", "12 seat"), it states no other percentage and no other count of those things either; with
+    ``people`` (names), it names nobody of the world in full but them and the user (not the announcer's namesake)."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
@@ -587,15 +600,16 @@ for k, v in want.items():
             return False
     elif got != v:
         return False
-""" + ("" if not (nums or p.get("figures")) else f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
+""" + ("" if not (nums or p.get("figures") or p.get("people")) else f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
 said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
 figures = {"|".join(p.get("figures") or [])!r}
+people = {"|".join(n.lower() for n in p.get("people") or [])!r}
 # the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
 # (built without appending: checkers that never mutate a value share one decoded copy of the evidence)
 appended = [e.get("new") if isinstance(e, dict) else e for k in d if isinstance(d[k][0], list) and isinstance(d[k][1], list)
             and d[k][1][:len(d[k][0])] == d[k][0] for e in d[k][1][len(d[k][0]):]]
 for t in [d[k][1] for k in d if k not in want] + appended:
-    if isinstance(t, str) and (_stray_amounts(t, said) or figures and _stray_figures(t, figures)):
+    if isinstance(t, str) and (_stray_amounts(t, said) or figures and _stray_figures(t, figures) or people and _stray_people(t, ev, people)):
         return False
 """) + "return True"
 
@@ -782,6 +796,8 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not _greets(r.get('body', ''), {p['others']!r})"
     for k, allowed in sorted((p.get("figures") or {}).items()):  # a text that restates its source's figures gets none wrong
         unless += f" and not _stray_figures(str(r.get({k!r}, '')), {'|'.join(allowed)!r})"
+    for k, allowed in sorted((p.get("people") or {}).items()):  # nor names another person than its source's
+        unless += f" and not _stray_people(str(r.get({k!r}, '')), ev, {'|'.join(n.lower() for n in allowed)!r})"
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
         unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body')))"
     if not strict:

@@ -9,7 +9,7 @@ every effectful step of every turn, so no later step or turn goes unchecked (see
 collateral_write overwrites a field the task leaves alone on a record it updates; wrong_mention
 makes a message name a look-alike record in place of the one it is about; misstated_value states
 a message's amounts in another currency, hedges its amounts, times and dates between two values, gives
-the wrong weekday for a date, or misstates the amounts or figures of a note written on a record; empty_message sends
+the wrong weekday for a date, or misstates the amounts, figures or person of a note written on a record; empty_message sends
 a message that says nothing (a checker that only sees *that* a message went out lets it pass).
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
 CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
-        "misstated_value": 4, "misstated_note": 2, "empty_message": 3}  # misstated_note: misstated_value on notes on records
+        "misstated_value": 4, "misstated_note": 3, "empty_message": 3}  # misstated_note: misstated_value on notes on records
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -341,10 +341,12 @@ RECORD_TEXT = {"crm_update_deal": "note", "crm_update_invoice": "note", "tasks_c
 _FIGURE = re.compile(r"(?<![\w.,:/#-])(\d{1,3})(%| [a-z]+s\b)")  # "8%", "12 seats"
 
 
-def _record_text_misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
+def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = "") -> list[tuple[dict[str, Any], str]]:
     """The step's record right in every field, the text it writes on it with its amounts a tenth more ("Closed at
-    71115.00 USD" for 64650.00), or its percentages and counts one more ("9% volume discount", "billed for 13 seats"):
-    a checker that reads only the record's fields lets the note mislead every colleague who reads it."""
+    71115.00 USD" for 64650.00), its percentages and counts one more ("9% volume discount", "billed for 13 seats"), or
+    naming someone else in place of the person it names (a namesake: "announced by Marcus Mensah" for Marcus García;
+    never someone ``involved`` names, as the task's other people may well be named in it): a checker that reads only
+    the record's fields lets the note mislead every colleague who reads it."""
     param = RECORD_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
     if not isinstance(text, str):
@@ -356,6 +358,15 @@ def _record_text_misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     if _FIGURE.search(text):
         new = _FIGURE.sub(lambda m: f"{int(m.group(1)) + 1}{m.group(2)}", text)
         out.append(({**s.args, param: new}, f"{param} gives its figures one more ('{_FIGURE.search(new).group(0)}')"))
+    me = env.world.get("_meta", {}).get("profile", {}).get("name")
+    names = sorted({str(r["name"]) for c in ("directory.people", "crm.contacts") for r in env.world.get(c, {}).values()
+                    if r.get("name") and r["name"] != me}, key=lambda n: (-len(n), n))
+    said = next((n for n in names if n in text), None)
+    if said is not None:
+        others = [n for n in names if n != said and n not in text and n not in involved]
+        twin = next((n for n in others if n.split()[0] == said.split()[0]), others[0] if others else None)
+        if twin is not None:
+            out.append(({**s.args, param: text.replace(said, twin)}, f"{param} names {twin} in place of {said}"))
     return out
 
 
@@ -507,7 +518,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     per_site = [c[k % len(c):] + c[:k % len(c)] for k, c in enumerate([c for c in per_site if c])]
     out.extend(_select(per_site, CAPS["misstated_value"]))
     # notes written on records apart: within the messages' cap they would push a message's misstatement out
-    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _record_text_misstatements(s)] for ti, si, s in effectful]
+    involved = " ".join([t.user for t in env.turns] + [str(v) for turn in base for st in turn for v in st.args.values()])
+    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _record_text_misstatements(env, s, involved)]
+                for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["misstated_note"]))
 
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]

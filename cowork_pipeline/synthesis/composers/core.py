@@ -44,7 +44,7 @@ def invoice_reconcile(ctx: Ctx) -> Composition:
         Step(tool="mail_reply", args={"message_id": V("msg"), "body": f"Hi {first(cust['name'])}, invoice {number} is now corrected to {new:.2f} USD. Best, {first(me['name'])}"}),
     ], reply=f"Invoice {number} is corrected to {new:.2f} USD and I confirmed it to {cust['name']}.")]
     items = [
-        ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}, "figures": [f"{pct}%"]}, service="crm"), 2.0),
+        ItemPlan("invoice_amount", f"Invoice {number} amount is {new:.2f}", CheckSpec("field_equals", {"collection": "crm.invoices", "id": inv["id"], "fields": {"amount": new}, "figures": [f"{pct}%"], "people": [cust["name"]]}, service="crm"), 2.0),
         ItemPlan("confirmation_sent", f"A reply to {cust['email']} confirms invoice {number} at {new:.2f}", CheckSpec("mail_sent", {"to": [cust["email"]], "includes": [number], "amounts": [new], "currency": "USD", "in_reply_to": msg["id"],
                                                                                                                   "excludes": other_names(wb.state, "crm.invoices", "number", number), "ids": id_shape(number)}, service="mail")),
     ]
@@ -221,7 +221,8 @@ def quote_followup(ctx: Ctx) -> Composition:
     ]
     if answer == "accept":
         items += [
-            ItemPlan("deal_won", "Deal stage is won", CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won"}}, service="crm"), 2.0, turn=1),
+            ItemPlan("deal_won", "Deal stage is won", CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won"},
+                                                                            "people": [buyer["name"]]}, service="crm"), 2.0, turn=1),
             ItemPlan("thanked", "A reply thanks the buyer in the acceptance thread",
                      CheckSpec("mail_sent", {"to": [buyer["email"]], "includes": ["thank"], "in_reply_to": reply_id, "excludes": wrong}, service="mail"), 1.0, turn=1),
             ItemPlan("won_after_acceptance", "The deal was marked won only after the acceptance arrived",

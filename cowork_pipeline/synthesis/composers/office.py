@@ -177,7 +177,8 @@ def task_from_email(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("task_created", f"A task '{key}' for {assignee['email']} due {due}, linked to the request email",
                  CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"assignee": assignee["email"], "due": due, "related": msg["id"]},
-                                              "includes": {"title": [key.split()[-1]]}}, service="tasks"), 2.0),
+                                              "includes": {"title": [key.split()[-1]]}, "people": {"notes": [sender["name"], assignee["name"]]}},
+                           service="tasks"), 2.0),
     ]
     return Composition(
         title=f"Task from {sender['name']}'s request", world=wb, turns=[Turn(user=user)], reference=reference, items=items,

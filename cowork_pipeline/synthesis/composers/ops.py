@@ -74,8 +74,8 @@ def deal_won_from_chat(ctx: Ctx) -> Composition:
     ], reply=f"'{deal['name']}' is won at {final:.2f} USD in the CRM and I confirmed it in #deals.")]
     items = [
         ItemPlan("deal_won", f"'{deal['name']}' is at stage won with amount {final:.2f}",
-                 CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won", "amount": final}},
-                           service="crm"), 2.0, extra={"piece": "final"}),
+                 CheckSpec("field_equals", {"collection": "crm.deals", "id": deal["id"], "fields": {"stage": "won", "amount": final},
+                                            "people": [rep["name"]]}, service="crm"), 2.0, extra={"piece": "final"}),
         ItemPlan("confirmed", f"A post in #deals confirms '{deal['name']}' at {final:.2f}",
                  CheckSpec("chat_posted", {"channel_id": deals["id"], "includes": [deal["name"]], "amounts": [final], "currency": deal["currency"],
                                            "excludes": other_names(wb.state, "crm.deals", "name", deal["name"])}, service="chat"), 1.0),
@@ -356,7 +356,7 @@ def invoice_dispute(ctx: Ctx) -> Composition:
                  CheckSpec("record_created", {"collection": "helpdesk.tickets", "match": {"requester": cust["email"], "priority": "high"},
                                               "includes": {"subject": [number]},
                                               "excludes": {"subject": wrong, "description": wrong}, "ids": id_shape(number),
-                                              "figures": {"description": figures}}, service="helpdesk"),
+                                              "figures": {"description": figures}, "people": {"description": [cust["name"]]}}, service="helpdesk"),
                  2.0, turn=0),
         # Judged on the world as turn 1 left it (turn 2 sets the status back to open).
         ItemPlan("dispute_recorded", f"At the end of turn 1, invoice {number} is disputed (amount still {old:.2f})",
