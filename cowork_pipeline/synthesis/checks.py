@@ -113,13 +113,16 @@ def _stray_figures(text, allowed):
 def _stray_people(text, ev, allowed):
     # a person of the world named in full that is none of ``allowed`` ("|"-joined, lower case) nor the user:
     # by name, so a namesake with the very same name is the person named
-    t = _low(text)
+    t = " " + _low(text) + " "
     ok = allowed.split("|") + [_low(ev["profile"].get("name", ""))]
     for c in ("directory.people", "crm.contacts"):
         for r in _coll(ev, c).values():
             n = _low(r.get("name") or "")
-            if n and n in t and n not in ok and _mentions(t, [n]):
-                return True
+            at = t.find(n) if n and n not in ok else -1
+            while at > 0:  # at word edges ("ana lee" is not named by "ana leeds")
+                if not (t[at - 1].isalnum() or t[at + len(n)].isalnum()):
+                    return True
+                at = t.find(n, at + 1)
     return False
 
 def _hedges(t):
@@ -600,18 +603,28 @@ for k, v in want.items():
             return False
     elif got != v:
         return False
-""" + ("" if not (nums or p.get("figures") or p.get("people")) else f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
-said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
-figures = {"|".join(p.get("figures") or [])!r}
-people = {"|".join(n.lower() for n in p.get("people") or [])!r}
-# the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
+""" + _texts_on_the_record(coll, rid, nums, p) + "return True"
+
+
+def _texts_on_the_record(coll: str, rid: str, nums: list[str], p: dict[str, Any]) -> str:
+    """The part of ``field_equals`` that reads the texts the agent wrote on the record (see there). Only the tests an
+    item asks for are written out: an empty literal in their place ('' for no figures) would equal other empty
+    literals of the source, and the sandbox's skeletons place equal strings on one placeholder (another template)."""
+    figures, people = "|".join(p.get("figures") or []), "|".join(n.lower() for n in p.get("people") or [])
+    if not (nums or figures or people):
+        return ""
+    stray = " or ".join((["_stray_amounts(t, said)"] if nums else []) + (["_stray_figures(t, figures)"] if figures else [])
+                        + (["_stray_people(t, ev, people)"] if people else []))
+    return f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
+""" + (f"""said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
+""" if nums else "") + (f"figures = {figures!r}\n" if figures else "") + (f"people = {people!r}\n" if people else "") + f"""# the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
 # (built without appending: checkers that never mutate a value share one decoded copy of the evidence)
 appended = [e.get("new") if isinstance(e, dict) else e for k in d if isinstance(d[k][0], list) and isinstance(d[k][1], list)
             and d[k][1][:len(d[k][0])] == d[k][0] for e in d[k][1][len(d[k][0]):]]
 for t in [d[k][1] for k in d if k not in want] + appended:
-    if isinstance(t, str) and (_stray_amounts(t, said) or figures and _stray_figures(t, figures) or people and _stray_people(t, ev, people)):
+    if isinstance(t, str) and ({stray}):
         return False
-""") + "return True"
+"""
 
 
 def _fmt_amount(x: Any) -> str:
@@ -794,10 +807,12 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not any({_ids_cond('r.get(k)', p)} for k in {sorted(p.get('excludes') or {})!r})"
     if p.get("others") and coll == "mail.messages":  # an email greets none of the people it is not for
         unless += f" and not _greets(r.get('body', ''), {p['others']!r})"
-    for k, allowed in sorted((p.get("figures") or {}).items()):  # a text that restates its source's figures gets none wrong
-        unless += f" and not _stray_figures(str(r.get({k!r}, '')), {'|'.join(allowed)!r})"
-    for k, allowed in sorted((p.get("people") or {}).items()):  # nor names another person than its source's
-        unless += f" and not _stray_people(str(r.get({k!r}, '')), ev, {'|'.join(n.lower() for n in allowed)!r})"
+    # a text that restates its source's figures gets none wrong, nor names another person than its source's (only
+    # where given: an empty literal would share a skeleton placeholder with the source's other empty strings)
+    for k, allowed in sorted((p.get("figures") or {}).items()):
+        unless += f" and not _stray_figures(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
+    for k, allowed in sorted((p.get("people") or {}).items()):
+        unless += f" and not _stray_people(str(r.get({k!r}) or 0), ev, {'|'.join(n.lower() for n in allowed)!r})" if allowed else ""
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
         unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body')))"
     if not strict:
