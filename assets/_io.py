@@ -71,11 +71,16 @@ def write_checked(context: Any, lake: Lake, table: str, df: pl.DataFrame, *, sui
             "retries": lake.retries - retries}  # conflicts with other runs' commits, each written or checked again
     if superseded is not None:
         meta["superseded_by_version"] = superseded
+    # The check judges the data, which passed; a passing write another run's later version overtook is not what
+    # readers get, and the check says so (the asset's metadata too), so a green check is never read as "published".
+    summary = result.summary() + (f"; not promoted: version {superseded}, published by another run meanwhile, is newer"
+                                  if superseded is not None else "")
     check = dg.AssetCheckResult(
         asset_key=table, check_name=f"{table}_quality", passed=result.success,
-        metadata={"summary": result.summary(), "expectations": result.evaluated, "delta_version": version,
-                  "failures": dg.MetadataValue.json(result.failures[:10])},
-        description=result.summary())
+        metadata={"summary": summary, "expectations": result.evaluated, "delta_version": version, "promoted": meta["promoted"],
+                  "failures": dg.MetadataValue.json(result.failures[:10]),
+                  **({"superseded_by_version": superseded} if superseded is not None else {})},
+        description=summary)
     return dg.MaterializeResult(asset_key=table, metadata=meta), check
 
 

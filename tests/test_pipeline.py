@@ -208,15 +208,19 @@ def test_a_write_overtaken_by_another_run_does_not_roll_it_back(tmp_path, partit
     second = {}
     run2 = lambda: second.update(write_checked(None, plain, "envs", rows("run2"), suite=suite, partition=partition,  # noqa: E731
                                                lin=Lineage("run2", "envs", "1", {}))[0].metadata)
-    first, _ = write_checked(None, _Overtaken(root, run2), "envs", rows("run1"), suite=suite, partition=partition, lin=Lineage("run1", "envs", "1", {}))
+    first, check = write_checked(None, _Overtaken(root, run2), "envs", rows("run1"), suite=suite, partition=partition, lin=Lineage("run1", "envs", "1", {}))
     assert second["promoted"] and second["delta_version"] > first.metadata["delta_version"]
     assert not first.metadata["promoted"] and first.metadata["superseded_by_version"] == second["delta_version"]
+    # the check passed (the data is fine) and says it was not promoted, and why
+    assert check.passed and not check.metadata["promoted"].value and check.metadata["superseded_by_version"].value == second["delta_version"]
+    assert check.description.endswith(f"not promoted: version {second['delta_version']}, published by another run meanwhile, is newer")
     published, _ = plain.read_promoted("envs")
     assert published.filter(pl.col("capability_id") == "a")["id"].to_list() == ["run2"]
     # overtaken by another partition's run only (or by no run): published all the same
     other = (lambda: write_checked(None, plain, "envs", rows("b0", "b"), suite=suite, partition=("capability_id", "b"),
                                    lin=Lineage("b", "envs", "1", {}))) if partition else None
-    third, _ = write_checked(None, _Overtaken(root, other), "envs", rows("run3"), suite=suite, partition=partition, lin=Lineage("run3", "envs", "1", {}))
+    third, check = write_checked(None, _Overtaken(root, other), "envs", rows("run3"), suite=suite, partition=partition, lin=Lineage("run3", "envs", "1", {}))
+    assert check.metadata["promoted"].value and "not promoted" not in check.description
     assert third.metadata["promoted"] and plain.read_promoted("envs")[0].filter(pl.col("capability_id") == "a")["id"].to_list() == ["run3"]
     if partition:
         assert plain.promoted_version("envs", "b") > third.metadata["delta_version"] == plain.promoted_version("envs", "a")
