@@ -346,13 +346,15 @@ def test_an_amount_in_thousands_or_with_a_decimal_comma_is_stated_exactly():
 
 
 def test_a_figure_inside_a_record_number_is_no_amount():
-    """A record's number made of the amount's digits ("INV-8350", "#8350", "PO8350", "ref_8350") names a record: it
-    does not state 8,350.00, in a message or in an answer's pairs, nor a wrong total; the amount beside it still counts."""
+    """A record's number made of the amount's digits ("INV-8350", "#8350", "PO8350", "ref_8350", and with a space after
+    its prefix, embedded-28: "PO 8350", "No. 8350", "# 8350") names a record: it does not state 8,350.00, in a message or
+    in an answer's pairs, nor a wrong total; the amount beside it still counts."""
     code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": [], "amounts": [8350.0], "currency": "USD"}))
-    for body in ("Invoice INV-8350 is corrected.", "See #8350.", "Matched to PO8350.", "Filed as ref_8350", "Order inv8350 done"):
+    for body in ("Invoice INV-8350 is corrected.", "See #8350.", "Matched to PO8350.", "Filed as ref_8350", "Order inv8350 done",
+                 "Matched to PO 8350.", "The amount is No. 8350", "See # 8350", "Filed under ref. 8350", "(order 8350)"):
         assert not _run_check(code, _sent_evidence("Invoice", body)), body
     for body in ("Invoice INV-8350 is now 8350.00 USD.", "#8350: $8,350.00", "PO 8350 is 8.35k USD... and 8350 USD is the amount",
-                 "The amount is (8350.00 USD)", "Amount:8350 USD"):
+                 "The amount is (8350.00 USD)", "Amount:8350 USD", "PO 8350 is 8350.00 USD", "Pianos 8350 USD"):
         assert _run_check(code, _sent_evidence("Invoice", body)), body
     answer = source(CheckSpec("answer", {"turn": 0, "pairs": [["INV-1", 8350.0], ["INV-2", 2100.0]]}))
 
@@ -2010,6 +2012,13 @@ def op_amount_as_a_record_number(spec, turns, ref):
     """A message's amounts replaced by a record number made of their digits ("8350.00 USD" -> "INV-8350", "#8350",
     "PO8350"): the message names a record, it does not state the amount."""
     for prefix in ("INV-", "#", "PO"):
+        yield from _money_rewritten(spec, turns, lambda v, p=prefix: f"{p}{int(v)}" if v == int(v) else None)
+
+
+def op_amount_as_a_spaced_record_number(spec, turns, ref):
+    """A message's amounts replaced by a record number made of their digits, written with a space after its prefix
+    ("8350.00 USD" -> "PO 8350", "No. 8350", "# 8350", "ref. 8350"): still a record's number, not the amount."""
+    for prefix in ("PO ", "No. ", "# ", "ref. "):
         yield from _money_rewritten(spec, turns, lambda v, p=prefix: f"{p}{int(v)}" if v == int(v) else None)
 
 
@@ -3864,7 +3873,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "record_text_misstates_a_figure": op_record_text_misstates_a_figure,
              "record_text_restated (control)": ctl_record_text_restated,
              "record_text_names_a_namesake": op_record_text_names_a_namesake,
-             "new_record_text_misstates_when": op_new_record_text_misstates_when}
+             "new_record_text_misstates_when": op_new_record_text_misstates_when,
+             "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -68,7 +68,7 @@ def _has_amount(text, value, currency=""):
     said = False
     # (not inside a record's number: "inv-8350", "#8350", "po8350" name a record, not the amount)
     for m in re.finditer("(?<![0-9a-z#_-])[0-9]+(?:[.][0-9]+)?", t):
-        if abs(float(m.group(0)) - float(value)) > 0.005:
+        if abs(float(m.group(0)) - float(value)) > 0.005 or _numbered(t, m):
             continue
         if not currency:
             return True
@@ -82,6 +82,12 @@ def _has_amount(text, value, currency=""):
         said = True
     return said
 
+def _numbered(t, m):
+    # a whole number after a record number's prefix and a space ("po 8350", "no. 8350", "# 8350", "ref 8350") is that
+    # record's number, not an amount (without the space the figure is not read at all: "po8350", "#8350", "inv-8350")
+    import re
+    return "." not in m.group(0) and re.search("(?:^|[^0-9a-z])(?:po|no[.]|nr[.]?|ref[.]?|order|id|#)[ ]$", t[max(0, m.start() - 8):m.start()]) is not None
+
 def _stray_amounts(text, said):
     t = _money(_low(text))
     import re
@@ -91,7 +97,7 @@ def _stray_amounts(text, said):
         b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", t[max(0, m.start() - 24):m.start()])
         a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", t[m.end():m.end() + 24])
         money = re.fullmatch("[0-9]+[.][0-9]{2}", m.group(0)) is not None or _currency(b.group(1) if b else "") or _currency(a.group(1) if a else "")
-        if money and not any(abs(float(m.group(0)) - float(v)) <= 0.005 for v in said.split("|") if v):
+        if money and not _numbered(t, m) and not any(abs(float(m.group(0)) - float(v)) <= 0.005 for v in said.split("|") if v):
             return True
     return False
 
