@@ -577,12 +577,31 @@ def test_a_weekday_that_contradicts_its_date_fails():
     ("Design critique moves to 2026-03-05, 1600Z.", False),
     ("Design critique moves to 2026-03-05; budget 1500 USD, all times UTC.", False),
     ("Design critique moves to 2026-03-05; 21500 UTC.", False),
+    # with a dot (British, German), and in hours as the military writes them (embedded-28)
+    ("Design critique moves to 2026-03-05, 15.00 UTC.", True),
+    ("Design critique moves to 2026-03-05, 15.00 GMT.", True),
+    ("Design critique moves to 2026-03-05, 15.00 CET.", False),
+    ("Design critique moves to 2026-03-05, 16.00 UTC.", False),
+    ("Design critique moves to 2026-03-05, 1500 hrs UTC.", True),
+    ("Design critique moves to 2026-03-05 at 1500 hours.", True),
+    ("Design critique moves to 2026-03-05, 1500 hrs CET.", False),
+    ("Design critique moves to 2026-03-05, 1600 hrs UTC.", False),
 ])
 def test_a_utc_time_on_another_clock_fails(text, ok):
     """``when`` times are UTC (every capability asks in UTC): the time labelled with another zone or offset is
     another instant, wherever in the text; UTC, GMT, Z and +00:00 are UTC."""
     when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Design critique"], "when": {"date": "2026-03-05", "time": "15:00"}}))
     assert _run_check(when, _sent_evidence("Moved", text)) is ok
+
+
+def test_a_morning_time_with_a_dot_or_in_hours_states_it():
+    """embedded-28: "09.00 UTC" (a two-digit hour with a dot, read when labelled UTC, GMT or Z) and "0900 hrs" state
+    09:00; "09.00 CET" and "1000 hrs" do not."""
+    when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Standup"], "when": {"date": "2026-03-05", "time": "09:00"}}))
+    for text, ok in [("Standup moves to 2026-03-05, 09.00 UTC.", True), ("Standup moves to 2026-03-05 at 0900 hrs.", True),
+                     ("Standup moves to 2026-03-05, 0900 hours UTC.", True), ("Standup moves to 2026-03-05, 09.00 CET.", False),
+                     ("Standup moves to 2026-03-05 at 1000 hrs.", False)]:
+        assert _run_check(when, _sent_evidence("Moved", text)) is ok, text
 
 
 @pytest.mark.parametrize("text, ok", [
@@ -3376,6 +3395,15 @@ def ctl_times_in_other_notations(spec, turns, ref):
             yield f"times as {name}", prog
 
 
+def ctl_times_with_a_dot_or_in_hours(spec, turns, ref):
+    """CONTROL: UTC times in messages and answers written with a dot, as British and German styles do, or in hours
+    ("14:00 UTC" -> "14.00 UTC", "1400 hrs UTC", "14 Uhr UTC"). Must still pass."""
+    for name, fmt in (("hh.mm UTC", lambda m: f"{m.group(1)}.{m.group(2)} UTC"), ("hhmm hrs UTC", lambda m: f"{m.group(1)}{m.group(2)} hrs UTC")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
+        if prog:
+            yield f"times as {name}", prog
+
+
 def op_time_in_other_notations_an_hour_off(spec, turns, ref):
     """Every UTC time in the messages and answers an hour later, written "15h00 UTC" or "1500Z" for 14:00 UTC."""
     for name, fmt in (("hhhmm UTC", lambda m: f"{(int(m.group(1)) + 1) % 24:02d}h{m.group(2)} UTC"),
@@ -3390,6 +3418,17 @@ def op_time_in_hours_on_another_clock(spec, turns, ref):
     prog = _retyped(spec, turns, lambda t: _UTC_TIME.sub(lambda m: f"{m.group(1)}h{m.group(2)} CET", t))
     if prog:
         yield "times as hhhmm CET", prog
+
+
+def op_time_with_a_dot_or_in_hours_off(spec, turns, ref):
+    """Every UTC time in the messages and answers written with a dot or in hours, an hour late ("14:00 UTC" ->
+    "15.00 UTC", "1500 hrs UTC") or on another clock ("14.00 CET", "1400 hrs CET")."""
+    for name, fmt in (("hh.mm UTC, an hour late", lambda m: f"{(int(m.group(1)) + 1) % 24:02d}.{m.group(2)} UTC"),
+                      ("hhmm hrs UTC, an hour late", lambda m: f"{(int(m.group(1)) + 1) % 24:02d}{m.group(2)} hrs UTC"),
+                      ("hh.mm CET", lambda m: f"{m.group(1)}.{m.group(2)} CET"), ("hhmm hrs CET", lambda m: f"{m.group(1)}{m.group(2)} hrs CET")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
+        if prog:
+            yield f"times as {name}", prog
 
 
 def op_time_on_the_readers_clock(spec, turns, ref):
@@ -3874,7 +3913,9 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "record_text_restated (control)": ctl_record_text_restated,
              "record_text_names_a_namesake": op_record_text_names_a_namesake,
              "new_record_text_misstates_when": op_new_record_text_misstates_when,
-             "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number}
+             "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number,
+             "times_with_a_dot_or_in_hours (control)": ctl_times_with_a_dot_or_in_hours,
+             "time_with_a_dot_or_in_hours_off": op_time_with_a_dot_or_in_hours_off}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

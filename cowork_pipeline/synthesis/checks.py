@@ -279,6 +279,10 @@ def _mentions(text, forms, word="0-9a-z", when=""):
                 read = re.sub("(?<![a-z0-9])(?:12[ ]+)?(?:noon|midday)(?![a-z])", str(12) + ":00", read)
             if utc and ("z" in t or "utc" in t or "gmt" in t):
                 read = re.sub("(?<![0-9:.,/-])([01][0-9]|2[0-3])([0-5][0-9])(?=[ ]?(?:z|utc|gmt)(?![a-z]))", lambda m: m.group(1) + ":" + m.group(2), read)
+                # a dot for the colon, British and German style ("15.00 utc"; labelled, or it could be an amount)
+                read = re.sub("(?<![0-9:.,/-])([01]?[0-9]|2[0-3])[.]([0-5][0-9])(?=[ ]?(?:z|utc|gmt)(?![a-z]))", lambda m: m.group(1) + ":" + m.group(2), read)
+            if utc and "h" in t:  # in hours, as the military writes them: "1500 hrs", "1500 hours"
+                read = re.sub("(?<![0-9:.,/-])([01][0-9]|2[0-3])([0-5][0-9])(?=[ ]?(?:hrs|hours)(?![a-z]))", lambda m: m.group(1) + ":" + m.group(2), read)
             if read == t:
                 return False
             t = read
@@ -315,6 +319,7 @@ def _zoned(after):
     named = "(?:in )?(?:" + places + ")(?: standard| daylight| summer)? time|(?:europe|america|asia|australia|africa|pacific|atlantic|indian)/(?!london|lisbon|dublin|reykjavik|accra|abidjan)[a-z_]+"
     # the zone may follow a range's end: "15:00-15:30 cet", "3pm to 4pm berlin time", "15:00 - 16:00 (utc+1)"
     span = "(?:[ ]*(?:-|to|until|till)[ ]*[0-9]{1,2}(?:[:.][0-9]{2})?(?:[ ]*[ap][.]?m[.]?)?)?"
+    after = re.sub("^[ ]?(?:hrs|hours)(?![a-z])", "", after)  # "1500 hrs cet", read as "15:00 hrs cet"
     return re.match("(?::[0-9]{2}(?:[.][0-9]+)?[+-]0*[1-9]|" + span + "(?:[ ]?[+](?:0[1-9]|1[0-4]):?[0-9]{2}(?![0-9])|[ ]*[(]?(?:(?:utc|gmt)[+-]0*[1-9]|" + named + "|(?:" + zones + ")(?![a-z]))))", after) is not None
 
 def _stray_ids(text, shape, right):
