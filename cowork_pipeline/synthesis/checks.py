@@ -627,7 +627,7 @@ def _texts_on_the_record(coll: str, rid: str, nums: list[str], p: dict[str, Any]
     stray = " or ".join((["_stray_amounts(t, said)"] if nums else []) + (["_stray_figures(t, figures)"] if figures else [])
                         + (["_stray_people(t, ev, people)"] if people else []))
     return f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
-""" + (f"""said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
+""" + ("""said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
 """ if nums else "") + (f"figures = {figures!r}\n" if figures else "") + (f"people = {people!r}\n" if people else "") + f"""# the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
 # (built without appending: checkers that never mutate a value share one decoded copy of the evidence)
 appended = [e.get("new") if isinstance(e, dict) else e for k in d if isinstance(d[k][0], list) and isinstance(d[k][1], list)
