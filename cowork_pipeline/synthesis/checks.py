@@ -73,14 +73,17 @@ def _has_amount(text, value, currency=""):
         if not currency:
             return True
         # the figure labelled with another currency ("4830.00 eur" for usd) is a different amount
-        b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", t[max(0, m.start() - 24):m.start()])
-        a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", t[m.end():m.end() + 24])
-        for w in ((b.group(1) if b else ""), (a.group(1) if a else "")):
-            c = _currency(w)
-            if c and c != currency:
-                return False
+        if any(c != currency for c in _currencies(t, m)):
+            return False
         said = True
     return said
+
+def _currencies(t, m):
+    # the currencies written right beside the figure ``m`` of ``t``, before it ("$", "usd ") and after it (" eur")
+    import re
+    b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", t[max(0, m.start() - 24):m.start()])
+    a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", t[m.end():m.end() + 24])
+    return tuple(c for c in (_currency(b.group(1) if b else ""), _currency(a.group(1) if a else "")) if c)
 
 def _numbered(t, m):
     # a whole number after a record number's prefix and a space ("po 8350", "no. 8350", "# 8350", "ref 8350") is that
@@ -94,9 +97,7 @@ def _stray_amounts(text, said):
     # every money figure (cents, or a currency beside it) must be one of ``said``; not a record's number
     # ("inv-8350", "#8350"), a date's or a time's parts, a count or a percentage
     for m in re.finditer("(?<![0-9a-z#_.:/-])[0-9]+(?:[.][0-9]+)?(?![0-9]|[.][0-9]|[:/-][0-9])", t):
-        b = re.search("([a-z]*[$\u20ac\u00a3\u00a5]|[a-z]+)[ ]*$", t[max(0, m.start() - 24):m.start()])
-        a = re.match("[ ]*([$\u20ac\u00a3\u00a5]|[a-z]+)", t[m.end():m.end() + 24])
-        money = re.fullmatch("[0-9]+[.][0-9]{2}", m.group(0)) is not None or _currency(b.group(1) if b else "") or _currency(a.group(1) if a else "")
+        money = re.fullmatch("[0-9]+[.][0-9]{2}", m.group(0)) is not None or len(_currencies(t, m)) > 0
         if money and not _numbered(t, m) and not any(abs(float(m.group(0)) - float(v)) <= 0.005 for v in said.split("|") if v):
             return True
     return False

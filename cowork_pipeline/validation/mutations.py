@@ -518,9 +518,10 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     per_site = [c[k % len(c):] + c[:k % len(c)] for k, c in enumerate([c for c in per_site if c])]
     out.extend(_select(per_site, CAPS["misstated_value"]))
     # notes written on records apart: within the messages' cap they would push a message's misstatement out
-    involved = " ".join([t.user for t in env.turns] + [str(v) for turn in base for st in turn for v in st.args.values()])
+    noted = [(ti, si, s) for ti, si, s in effectful if s.tool in RECORD_TEXT]
+    involved = " ".join([t.user for t in env.turns] + [str(v) for turn in base for st in turn for v in st.args.values()]) if noted else ""
     per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _record_text_misstatements(env, s, involved)]
-                for ti, si, s in effectful]
+                for ti, si, s in noted]
     out.extend(_select(per_site, CAPS["misstated_note"]))
 
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
