@@ -111,7 +111,7 @@ def _stray_figures(text, allowed):
     counts = [a.split(" ") for a in allowed.split("|") if " " in a]
     if "%" in t and _other_percent(text, "|".join(percents)):
         return True
-    for n, noun in counts:
+    for noun in dict.fromkeys(w for c, w in counts):  # (each noun once: "12 seat|10 seat|2 seat")
         for m in re.finditer("(?<![0-9a-z#.:/-])([0-9]+)[ ]" + noun + "s?(?![a-z])", t):
             if not any(m.group(1) == c for c, w in counts if w == noun):
                 return True
