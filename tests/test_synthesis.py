@@ -1852,10 +1852,7 @@ def op_unrequested_email(spec, turns, ref):
     """Everything right, plus an email about the task to an internal colleague the task never involves."""
     if "mail_send" not in spec.tools:
         return
-    me = spec.world["_meta"]["profile"]["email"]
-    involved = json.dumps([e["args"] for e in ref.audit]) + json.dumps(ref.final_state.get("mail.messages", {}))
-    pool = sorted(r["email"] for r in spec.world.get("directory.people", {}).values()
-                  if r["email"].endswith("@" + me.rsplit("@", 1)[1]) and r["email"] != me and r["email"] not in involved)
+    pool = _colleagues_not_involved(spec, ref)
     if pool:
         m = copy.deepcopy(turns)
         m[-1].append(("mail_send", {"to": [pool[0]], "subject": f"FYI: {spec.title}", "body": "Forwarding what I just did, for your records."}, None))
