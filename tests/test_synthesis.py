@@ -30,6 +30,7 @@ from cowork_pipeline.services import REGISTRY
 from cowork_pipeline.spec import EnvironmentSpec, ProgramTurn, Step
 from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
 from cowork_pipeline.synthesis.checks import CheckSpec, id_shape, source
+from cowork_pipeline.synthesis.composers._common import dates_given
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.synthesis.embedded import EmbeddedBackend
 from cowork_pipeline.synthesis.repair import Outcome, synthesize, telemetry
@@ -253,6 +254,52 @@ def test_a_note_on_a_record_names_only_the_people_its_source_names():
         assert _run_check(code, noted(ok)), ok
     for wrong in ["Announced by Marcus Mensah in #deals", "Announced by Marcus García and Ana Lee"]:
         assert not _run_check(code, noted(wrong)), wrong
+
+
+def test_a_note_on_a_record_gives_no_other_day_or_time():
+    """embedded-29: with ``dates`` (the record's own date and time, its end as a range's end only, and the dates and
+    times the task's texts give), a new meeting's title and description, a moved meeting's description and a task's
+    notes state no other date in any usual notation, nor (where ``dates`` has a time) another UTC time; a time on
+    another clock, a date without its month and a task note's time of day are not judged."""
+    dates = dates_given("Find a slot on Wednesday 2026-03-04 (between 09:00 and 17:00 UTC)", "2026-03-02",
+                        own=("2026-03-04T14:00:00+00:00",), ends=("2026-03-04T15:00:00+00:00",))
+    assert dates == ["..15:00", "09:00", "14:00", "17:00", "2026-03-02", "2026-03-04"]
+    code = source(CheckSpec("event_at", {"start_utc": "2026-03-04T14:00:00+00:00", "minutes": 60, "attendees": ["a@northwind.example"],
+                                         "title": "Budget check-in", "dates": dates}))
+
+    def booked(description: str, title: str = "Budget check-in") -> dict[str, Any]:
+        e = {"id": "evt_1", "title": title, "start": "2026-03-04T14:00:00+00:00", "end": "2026-03-04T15:00:00+00:00", "attendees": ["a@northwind.example"],
+             "organizer": "me@northwind.example", "description": description, "status": "confirmed"}
+        return {"final": {"calendar.events": {"evt_1": e}}, "diff": {"calendar.events": {"added": {"evt_1": e}, "removed": {}, "changed": {}}}}
+    for ok in ["", "Budget check-in, Wed March 4th, 2-3pm UTC", "14:00-15:00 UTC on 2026-03-04", "2026-03-04T14:00:00Z until 15:00",
+               "Found a slot between 09:00 and 17:00; set up on March 2", "15:00 CET", "Budget 15.00 USD each", "Agenda: 3/5 of the budget"]:
+        assert _run_check(code, booked(ok)), ok
+    for wrong in ["Budget check-in: 2026-03-04 at 15:00 UTC.", "At 4pm", "2026-03-05, 14:00", "March 5th", "4 Mar 2027", "1500 hrs",
+                  "05/03/2026 at 14:00", "14.30 UTC"]:
+        assert not _run_check(code, booked(wrong)), wrong
+    assert not _run_check(code, booked("", title="Budget check-in 16:00"))
+    task = source(CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"due": "2026-03-16"},
+                                               "dates": {"notes": dates_given("Joins on Monday 2026-03-16", own=("2026-03-16",))}}))
+
+    def created(notes: str) -> dict[str, Any]:
+        t = {"id": "tsk_1", "title": "Security training", "due": "2026-03-16", "notes": notes}
+        return {"final": {"tasks.tasks": {"tsk_1": t}}, "diff": {"tasks.tasks": {"added": {"tsk_1": t}, "removed": {}, "changed": {}}}}
+    for ok in ["Due March 16th, the start date.", "Call at 15:30 to check in", "Due 16 March 2026"]:
+        assert _run_check(task, created(ok)), ok
+    for wrong in ["Due 2026-03-17.", "Due March 17", "Due 16 March 2027"]:
+        assert not _run_check(task, created(wrong)), wrong
+    moved = source(CheckSpec("field_equals", {"collection": "calendar.events", "id": "evt_1",
+                                              "fields": {"start": "2026-03-05T11:00:00+00:00", "end": "2026-03-05T11:30:00+00:00"},
+                                              "dates": dates_given(own=("2026-03-05T10:00:00+00:00", "2026-03-05T11:00:00+00:00"),
+                                                                   ends=("2026-03-05T10:30:00+00:00", "2026-03-05T11:30:00+00:00"))}))
+
+    def rescheduled(description: str) -> dict[str, Any]:
+        e = {"id": "evt_1", "start": "2026-03-05T11:00:00+00:00", "end": "2026-03-05T11:30:00+00:00", "description": description}
+        return {"final": {"calendar.events": {"evt_1": e}},
+                "diff": {"calendar.events": {"added": {}, "removed": {}, "changed": {"evt_1": {"start": ["2026-03-05T10:00:00+00:00", e["start"]],
+                                                                                            "description": ["", description]}}}}}
+    assert _run_check(moved, rescheduled("Moved from 10:00 to 11:00 UTC (11:00-11:30)"))
+    assert not _run_check(moved, rescheduled("Moved to 12:00 UTC"))
 
 
 def test_messages_naming_another_record_fail_at_word_edges():
@@ -1053,6 +1100,24 @@ def test_planted_deal_checker_that_reads_only_the_fields_is_caught_by_the_note(v
     [orig] = [o.final.certification for o in outcomes["deal_won_from_chat"] if o.accepted and o.final.draft.spec is spec]
     noted = [m for m in orig.mutants if m["description"].startswith("crm_update_deal in turn 0: note")]
     assert len(noted) == 2 and all(m["failed_items"] == ["deal_won"] for m in noted), noted
+
+
+def test_planted_meeting_checker_blind_to_the_description_is_caught_by_the_stated_start(validator, outcomes):
+    """certify-17: a meeting checker that holds the new event to its start, length, attendees and title, and never
+    reads what the event says, lets an invite through whose description gives another time ("Budget check-in:
+    2026-03-04 at 16:00 UTC." on a 15:00 meeting): the misstated-value mutant of the description shows the gap;
+    the embedded check (embedded-29, ``dates``) kills it."""
+    spec = certified_spec(outcomes, "schedule_meeting")
+    item = next(r for r in spec.rubric if r.id == "meeting_booked")
+    blind = re.sub(r"\n *if _stray_when\(.*\n *continue", "", item.code)  # (the guard out, the rest as generated)
+    assert "if _stray_when(" in item.code and "if _stray_when(" not in blind
+    cert = validator.certify(planted(with_item_code(spec, "meeting_booked", blind)))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    [d] = cert.diagnostics
+    assert d.detail["operator"] == "misstated_value" and "description states the start as" in d.message, d.message
+    [orig] = [o.final.certification for o in outcomes["schedule_meeting"] if o.accepted and o.final.draft.spec is spec]
+    stated = [m for m in orig.mutants if "description states the start as" in m["description"]]
+    assert len(stated) == 1 and stated[0]["killed"] and stated[0]["failed_items"] == ["meeting_booked"], stated
 
 
 MAIL_ONLY_LEAK_CHECK = (
@@ -3815,6 +3880,70 @@ def op_new_record_text_misstates_when(spec, turns, ref):
         m[ti][si][1][key] = text
         yield f"{tool}.{key}: {text!r}", _program(spec, m)
 
+def _record_before(spec, turns, ti, si, args):
+    """The record an update step changes as it was before the step: the world's, or what an earlier step of the run
+    created (a task created in turn 1, moved in turn 2)."""
+    rid = args.get("event_id") or args.get("task_id")
+    rec = dict(spec.world.get("calendar.events", {}).get(rid) or spec.world.get("tasks.tasks", {}).get(rid) or {})
+    for tj, steps in enumerate(turns):
+        for sj, (tool, a, r) in enumerate(steps):
+            if (tj, sj) >= (ti, si):
+                return rec
+            if isinstance(r, dict) and r.get("id") == rid or a.get("event_id") == rid or a.get("task_id") == rid:
+                rec.update({k: v for k, v in a.items() if k in ("start", "end", "due", "title")})
+    return rec
+
+
+def op_moved_record_text_misstates_when(spec, turns, ref):
+    """A moved meeting or task given a description / notes saying when it now is, two hours or two days off
+    ("Moved to 17:00 UTC." for a meeting moved to 15:00): colleagues read the wrong time on the record."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        key = {"calendar_update_event": "description", "tasks_update": "notes"}.get(tool)
+        when = args.get("start") or args.get("due")
+        if key is None or args.get(key) or not isinstance(when, str):
+            continue
+        if "T" in when:
+            text = f"Moved to {_shift(when, 2)[11:16]} UTC."
+        else:
+            text = f"Moved: now due {(datetime.fromisoformat(when) + timedelta(days=2)).strftime('%Y-%m-%d')}."
+        m = copy.deepcopy(turns)
+        m[ti][si][1][key] = text
+        yield f"{tool}.{key}: {text!r}", _program(spec, m)
+
+
+def ctl_record_text_states_when(spec, turns, ref):
+    """CONTROL: a new or moved meeting or task given a description / notes that says when it is, in other words than
+    the reference's ("Wed March 4th, 2-3pm UTC", "14:00-15:00 UTC", "due March 16th", "Moved from 10:00 to 11:00
+    UTC (was 10:00-10:30)"), with today's date and the request's dates beside it. Must still pass."""
+    today = f"{datetime(2026, 3, 2):%B} 2"
+    m, said = copy.deepcopy(turns), []
+    for ti, si in _write_sites(turns):
+        tool, args, _ = m[ti][si]
+        key = {"calendar_create_event": "description", "calendar_update_event": "description", "tasks_create": "notes",
+               "tasks_update": "notes"}.get(tool)
+        when = args.get("start") or args.get("due")
+        if key is None or args.get(key) or not isinstance(when, str):
+            continue
+        before = _record_before(spec, turns, ti, si, args) if tool.endswith("update_event") or tool == "tasks_update" else {}
+        if "T" in when:
+            start = datetime.fromisoformat(when.replace("Z", "+00:00"))
+            end = datetime.fromisoformat(str(args.get("end") or when).replace("Z", "+00:00"))
+            h = lambda d: f"{d.hour % 12 or 12}{':%02d' % d.minute if d.minute else ''}{'pm' if d.hour >= 12 else 'am'}"  # noqa: E731
+            text = f"{start:%a} {start:%B} {start.day}, {h(start)}-{h(end)} UTC ({start:%H:%M}-{end:%H:%M} UTC). Set up on {today}."
+            if before.get("start"):
+                text = f"Moved from {str(before['start'])[11:16]} to {start:%H:%M} UTC on {start:%Y-%m-%d}. " + text
+        else:
+            due = datetime.fromisoformat(when)
+            text = f"Due {due:%B} {due.day}{'th' if 10 <= due.day <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(due.day % 10, 'th')}. Set up on {today}."
+            if before.get("due"):
+                text = f"Moved from {before['due']} to {when}. " + text
+        m[ti][si][1][key] = text
+        said.append(f"{tool}.{key}: {text!r}")
+    if said:
+        yield "; ".join(said)[:160], _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -3910,6 +4039,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "record_text_restated (control)": ctl_record_text_restated,
              "record_text_names_a_namesake": op_record_text_names_a_namesake,
              "new_record_text_misstates_when": op_new_record_text_misstates_when,
+             "moved_record_text_misstates_when": op_moved_record_text_misstates_when,
+             "record_text_states_when (control)": ctl_record_text_states_when,
              "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number,
              "times_with_a_dot_or_in_hours (control)": ctl_times_with_a_dot_or_in_hours,
              "time_with_a_dot_or_in_hours_off": op_time_with_a_dot_or_in_hours_off}

@@ -132,6 +132,59 @@ def _stray_people(text, ev, allowed):
                 at = t.find(n, at + 1)
     return False
 
+def _stray_when(text, allowed):
+    # a date, or a utc time of day, stated in ``text`` that is none of ``allowed`` ("|"-joined iso dates and hh:mm;
+    # "..15:00" only as a range's end: "14:00-15:00", "until 15:00", not "at 15:00"): a note that gives its record
+    # another day or time than the record's misleads whoever reads it. Times are judged only where ``allowed`` has
+    # one (a task's notes may well say "call at 15:00"); a time on another clock ("16:00 cet") is not judged, nor a
+    # date without its month ("3/5" may be a fraction, "the 5th" any month's)
+    t = " ".join(_low(text).replace(",", " ").split())
+    if not any(c.isdigit() for c in t) and "noon" not in t and "midday" not in t:
+        return False  # no figure at all (most texts): no regex
+    import re
+    ok = allowed.split("|")
+    months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+    month = "(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec)[.]?(?![a-z])"
+    year = "(?:[ ]+(?:of[ ]+)?((?:19|20)[0-9]{2})(?![0-9a-z:]))?"
+    found = []  # (year or "", month, day, either reading): 2026-03-05, march 5th 2026, 5 march, 5-mar-2026, 05/03/2026
+    for m in re.finditer("(?<![0-9])([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])", t):
+        found = found + [(m.group(1), int(m.group(2)), int(m.group(3)), 0)]
+    for m in re.finditer("(?<![a-z])" + month + "[ ]+([0-9]{1,2})(?:st|nd|rd|th)?(?![0-9a-z:]|[.][0-9])" + year, t):
+        found = found + [(m.group(3) or "", months.index(m.group(1)[:3]) + 1, int(m.group(2)), 0)]
+    for m in re.finditer("(?<![0-9a-z.:/])([0-9]{1,2})(?:st|nd|rd|th)?(?:[ ]+(?:of[ ]+)?|-)" + month + "(?:-([0-9]{4})(?![0-9])|" + year + ")", t):
+        found = found + [(m.group(3) or m.group(4) or "", months.index(m.group(2)[:3]) + 1, int(m.group(1)), 0)]
+    for m in re.finditer("(?<![0-9./])([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])", t):
+        found = found + [(m.group(3), int(m.group(2)), int(m.group(1)), 1)]
+    for y, mo, d, either in found:
+        right = False
+        for a in ok:
+            if len(a) == 10 and y in ("", a[:4]) and ((mo, d) == (int(a[5:7]), int(a[8:10])) or (either and (d, mo) == (int(a[5:7]), int(a[8:10])))):
+                right = True
+        if not right:
+            return True
+    if not any(len(a) in (5, 7) for a in ok):
+        return False
+    # times of day: 15:00 (not a range's offset "+01:00", nor 3:00 before "pm"), 3pm, 3:30 p.m., 15h00, 1500 hrs,
+    # 1500z, 15.00 utc, noon
+    said = []
+    for m in re.finditer("(?<![0-9:.,/+])(?<!:[0-9]{2}-)([01]?[0-9]|2[0-3]):([0-5][0-9])(?![0-9]|[ ]*[ap][.]?m(?![a-z]))", t):
+        said = said + [(int(m.group(1)), int(m.group(2)), m.start(), m.end())]
+    for m in re.finditer("(?<![0-9:.,/+])(1[0-2]|0?[1-9])(?::([0-5][0-9]))?[ ]*([ap])[.]?m(?![a-z])[.]?", t):
+        said = said + [(int(m.group(1)) % 12 + (12 if m.group(3) == "p" else 0), int(m.group(2) or 0), m.start(), m.end())]
+    for m in re.finditer("(?<![0-9a-z:.,/+-])([01]?[0-9]|2[0-3])(h|[.]?)([0-5][0-9])(?![0-9])", t):
+        labelled = re.match("[ ]?(?:hrs|hours|z|utc|gmt)(?![a-z])", t[m.end():m.end() + 6]) is not None
+        if m.group(2) == "h" or (labelled and (m.group(2) == "." or len(m.group(1)) == 2)):  # (1500 hrs, not 900 hrs)
+            said = said + [(int(m.group(1)), int(m.group(3)), m.start(), m.end())]
+    for m in re.finditer("(?<![a-z])(?:noon|midday)(?![a-z])", t):
+        said = said + [(12, 0, m.start(), m.end())]
+    for h, mi, start, end in said:
+        hm = str(h).zfill(2) + ":" + str(mi).zfill(2)
+        if hm in ok or _zoned(t[end:end + 40]):
+            continue
+        if ".." + hm not in ok or re.search("(?:-|to|until|till|ends?|ending|finish(?:es|ing)?)(?:[ ]+at)?[ ]*$", t[max(0, start - 16):start]) is None:
+            return True
+    return False
+
 def _hedges(t):
     if " or " not in t:  # (most messages): no regex
         return False
@@ -586,7 +639,9 @@ def _field_equals(p: dict[str, Any], strict: bool) -> str:
     amounts are among them, a text the agent wrote on the record (a text field, or a note in its history: "Closed at
     64650.00 USD") states no other amount than these and the ones they replaced: colleagues read the note too. With
     ``figures`` ("8%", "12 seat"), it states no other percentage and no other count of those things either; with
-    ``people`` (names), it names nobody of the world in full but them and the user (not the announcer's namesake)."""
+    ``people`` (names), it names nobody of the world in full but them and the user (not the announcer's namesake); with
+    ``dates`` (ISO dates and HH:MM times: the record's own and those the task's texts give), it states no other date, nor
+    (where ``dates`` has a time) another UTC time of day: "Moved to 15:00 UTC" on a meeting now at 14:00 misleads."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
@@ -623,13 +678,14 @@ def _texts_on_the_record(coll: str, rid: str, nums: list[str], p: dict[str, Any]
     item asks for are written out: an empty literal in their place ('' for no figures) would equal other empty
     literals of the source, and the sandbox's skeletons place equal strings on one placeholder (another template)."""
     figures, people = "|".join(p.get("figures") or []), "|".join(n.lower() for n in p.get("people") or [])
-    if not (nums or figures or people):
+    dates = "|".join(p.get("dates") or [])
+    if not (nums or figures or people or dates):
         return ""
     stray = " or ".join((["_stray_amounts(t, said)"] if nums else []) + (["_stray_figures(t, figures)"] if figures else [])
-                        + (["_stray_people(t, ev, people)"] if people else []))
+                        + (["_stray_people(t, ev, people)"] if people else []) + (["_stray_when(t, dates)"] if dates else []))
     return f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
 """ + ("""said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
-""" if nums else "") + (f"figures = {figures!r}\n" if figures else "") + (f"people = {people!r}\n" if people else "") + f"""# the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
+""" if nums else "") + (f"figures = {figures!r}\n" if figures else "") + (f"people = {people!r}\n" if people else "") + (f"dates = {dates!r}\n" if dates else "") + f"""# the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
 # (built without appending: checkers that never mutate a value share one decoded copy of the evidence)
 appended = [e.get("new") if isinstance(e, dict) else e for k in d if isinstance(d[k][0], list) and isinstance(d[k][1], list)
             and d[k][1][:len(d[k][0])] == d[k][0] for e in d[k][1][len(d[k][0]):]]
@@ -825,6 +881,8 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not _stray_figures(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
     for k, allowed in sorted((p.get("people") or {}).items()):
         unless += f" and not _stray_people(str(r.get({k!r}) or 0), ev, {'|'.join(n.lower() for n in allowed)!r})" if allowed else ""
+    for k, allowed in sorted((p.get("dates") or {}).items()):  # nor gives its record another date or time (see field_equals)
+        unless += f" and not _stray_when(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
         unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body')))"
     if not strict:
@@ -849,12 +907,17 @@ return False"""
 
 def _event_at(p: dict[str, Any], strict: bool) -> str:
     """A new calendar event with exactly these attendees (the organizer listed too or not) starting at this UTC instant (and, with
-    ``title``, a title that names it: 'Hiring sync with Ana' is fine, 'Misc' is not)."""
+    ``title``, a title that names it: 'Hiring sync with Ana' is fine, 'Misc' is not; with ``dates``, its title and
+    description give no other date or time: "Budget check-in, 16:00 UTC" on a 15:00 meeting misleads every invitee)."""
     if not strict:
         return "return len(_new(ev, 'calendar.events')) > 0"
     title = f"""
     if not _has(e["title"], {[p['title']]!r}):
         continue""" if p.get("title") else ""
+    if p.get("dates"):  # its title and description give no other date or time than ``dates`` (see field_equals)
+        title += f"""
+    if _stray_when(e["title"] + " | " + str(e.get("description") or ""), {'|'.join(p['dates'])!r}):
+        continue"""
     return f"""from datetime import datetime, timezone
 want = datetime.fromisoformat({p['start_utc']!r})
 for e in _new(ev, "calendar.events"):

@@ -22,6 +22,7 @@ from typing import Any
 
 from cowork_pipeline.runner import Trajectory
 from cowork_pipeline.services import REGISTRY
+from cowork_pipeline.services.workspace import BASE_TIME
 from cowork_pipeline.spec import EnvironmentSpec, ProgramTurn, Step
 from cowork_pipeline.synthesis.checks import name_words
 
@@ -350,7 +351,8 @@ def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = ""
     param = RECORD_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
     if not isinstance(text, str):
-        return []
+        stated = _misstated_when(env, s, involved) if param else None
+        return [({**s.args, param: stated[0]}, f"{param} {stated[1]}")] if stated else []
     out = []
     if _MONEY.search(text):
         new = _MONEY.sub(lambda m: f"{float(m.group(0)) * 1.1:.2f}", text)
@@ -367,7 +369,43 @@ def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = ""
         twin = next((n for n in others if n.split()[0] == said.split()[0]), others[0] if others else None)
         if twin is not None:
             out.append(({**s.args, param: text.replace(said, twin)}, f"{param} names {twin} in place of {said}"))
+    stated = _misstated_when(env, s, involved)
+    if stated:
+        out.append(({**s.args, param: text.rstrip() + " " + stated[0]}, f"{param} {stated[1]}"))
     return out
+
+
+# The argument that gives a record's own day or time, on the steps that write a text on it.
+WHEN_ARG = {"calendar_create_event": "start", "calendar_update_event": "start", "tasks_create": "due", "tasks_update": "due"}
+
+
+def _misstated_when(env: EnvironmentSpec, s: Step, involved: str) -> tuple[str, str] | None:
+    """A line for the step's record text that states its day or time wrong: the start an hour (or more) later the
+    same day ("Hiring sync: 2026-03-04 at 16:00 UTC." on a 15:00 meeting), the due date a day (or more) later ("Due
+    2026-03-17." on a task due the 16th), never a time or date the task itself gives (its request, its colleagues'
+    updates, the record's time before the step, today): the note may name those. None where the step sets no day."""
+    when = s.args.get(WHEN_ARG.get(s.tool, ""))
+    if not isinstance(when, str) or len(when) < 10:
+        return None
+    known = [involved, BASE_TIME.date().isoformat()] + [str(e.args) for t in env.turns for e in t.events]
+    rid = str(s.args.get("event_id") or s.args.get("task_id"))
+    rec = env.world.get(_collection_of(env, rid) or "", {}).get(rid, {})
+    known += [str(rec.get(f)) for f in ("start", "end", "due")]
+    seen = " ".join(known)
+    try:
+        at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if len(when) >= 16:  # a date-time: another hour of the same day
+        at = at.astimezone(timezone.utc) if at.tzinfo else at
+        later = next((h for h in range(1, 24) if (at + timedelta(hours=h)).date() == at.date()
+                      and f"{at + timedelta(hours=h):%H:%M}" not in seen), None)
+        if later is None:
+            return None
+        new = at + timedelta(hours=later)
+        return f"{s.args.get('title') or rec.get('title') or 'Meeting'}: {new:%Y-%m-%d} at {new:%H:%M} UTC.", f"states the start as {new:%H:%M} UTC"
+    day = next((d for d in range(1, 8) if f"{at + timedelta(days=d):%Y-%m-%d}" not in seen), None)
+    return (f"Due {at + timedelta(days=day):%Y-%m-%d}.", f"states the due date as {at + timedelta(days=day):%Y-%m-%d}") if day else None
 
 
 def _confusable(v: str, other: str) -> bool:

@@ -1,6 +1,7 @@
 """Helpers every composer module uses."""
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Callable
 
@@ -24,6 +25,21 @@ def mention(coll: str, field: str, value: str, role: str, partial: bool = False)
 
 def _at(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = ()) -> list[str]:
+    """The ``dates`` parameter of a record's checks: the record's ``own`` dates and times (ISO dates, ISO instants
+    read as their date and HH:MM), the times it ``ends`` (as a range's end only: "14:00-15:00", not "at 15:00") and
+    every ISO date and HH:MM time ``texts`` give (the request, the colleague's update, the workspace's today): a note
+    on the record may name those, and no other."""
+    out: list[str] = []
+    for v in own:
+        out += [v[:10]] + ([v[11:16]] if len(v) >= 16 else [])
+    for v in ends:
+        out += [v[:10], ".." + v[11:16]]
+    for text in texts:
+        out += re.findall(r"(?<![0-9])[0-9]{4}-[0-9]{2}-[0-9]{2}(?![0-9])|(?<![0-9:])[0-9]{2}:[0-9]{2}(?![0-9])", text)
+    return sorted(set(out))
 
 
 def other_names(state: dict[str, dict[str, dict[str, Any]]], coll: str, field: str, *right: str, similar: bool = False) -> list[str]:

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
-from cowork_pipeline.synthesis.composers._common import V, first, mention, other_names
+from cowork_pipeline.synthesis.composers._common import V, dates_given, first, mention, other_names
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
 
@@ -96,7 +96,10 @@ def schedule_meeting(ctx: Ctx) -> Composition:
     reference = [ProgramTurn(steps=steps, reply=f"Booked '{topic}' on {day:%Y-%m-%d} at {free_hour:02d}:00 UTC with {names}.")]
     items = [
         ItemPlan("meeting_booked", f"'{topic}' starts {start:%Y-%m-%d %H:%M} UTC for 60 minutes with {names}",
-                 CheckSpec("event_at", {"start_utc": start.isoformat(), "minutes": 60, "attendees": emails, "title": topic}, service="calendar"), 2.0,
+                 CheckSpec("event_at", {"start_utc": start.isoformat(), "minutes": 60, "attendees": emails, "title": topic,
+                                        "dates": dates_given(user, f"{BASE:%Y-%m-%d}", own=(start.isoformat(),),
+                                                             ends=((start + timedelta(hours=1)).isoformat(),))},
+                           service="calendar"), 2.0,
                  extra={"piece": "slot"}),
         ItemPlan("everyone_free", "Nobody invited is double-booked at that time",
                  CheckSpec("attendees_free", {"attendees": emails + [me["email"]]}, service="calendar"), 1.0, extra={"piece": "slot"}),

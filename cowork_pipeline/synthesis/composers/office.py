@@ -8,7 +8,7 @@ from typing import Any, Callable
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan
-from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names, twin_person
+from cowork_pipeline.synthesis.composers._common import V, _at, dates_given, first, mention, other_names, twin_person
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE, slug
 
@@ -177,7 +177,8 @@ def task_from_email(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("task_created", f"A task '{key}' for {assignee['email']} due {due}, linked to the request email",
                  CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"assignee": assignee["email"], "due": due, "related": msg["id"]},
-                                              "includes": {"title": [key.split()[-1]]}, "people": {"notes": [sender["name"], assignee["name"]]}},
+                                              "includes": {"title": [key.split()[-1]]}, "people": {"notes": [sender["name"], assignee["name"]]},
+                                              "dates": {k: dates_given(msg["body"], msg["date"], f"{BASE:%Y-%m-%d}", own=(due,)) for k in ("title", "notes")}},
                            service="tasks"), 2.0),
     ]
     return Composition(
@@ -241,18 +242,25 @@ def meeting_reschedule(ctx: Ctx) -> Composition:
         "body": f"Hi {first(me['name'])}, sorry, {h1:02d}:00 does not work for me that day. Could we do {h2:02d}:00 UTC instead?\n"
                 f"{responder['name']}"})
     wrong = other_names(wb.state, "calendar.events", "title", topic, similar=True)  # its prep slot, its follow-ups
+    # (a note on the moved meeting may say when it was: its own time before, and the times the requests give)
     items = [
         # Judged on the world as turn 1 left it (turn 2 moves the meeting again).
         ItemPlan("moved_first", f"At the end of turn 1 the meeting starts {new1:%Y-%m-%d %H:%M} UTC and lasts {minutes} minutes",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"],
-                                            "fields": {"start": new1.isoformat(), "end": (new1 + dur).isoformat()}}, service="calendar"), 2.0,
+                                            "fields": {"start": new1.isoformat(), "end": (new1 + dur).isoformat()},
+                                            "dates": dates_given(user1, f"{BASE:%Y-%m-%d}", own=(evt["start"], new1.isoformat()),
+                                                                 ends=(evt["end"], (new1 + dur).isoformat()))},
+                           service="calendar"), 2.0,
                  turn=0),
         ItemPlan("attendees_told", f"An email to every attendee gives the new time ({h1:02d}:00)",
                  CheckSpec("mail_sent", {"to": emails, "includes": [topic], "excludes": wrong, "when": {"date": f"{new1:%Y-%m-%d}", "time": f"{h1:02d}:00"}},
                            service="mail"), 1.0, turn=0),
         ItemPlan("moved_again", f"The meeting now starts {new2:%Y-%m-%d %H:%M} UTC and lasts {minutes} minutes",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"],
-                                            "fields": {"start": new2.isoformat(), "end": (new2 + dur).isoformat()}}, service="calendar"), 2.0, turn=1),
+                                            "fields": {"start": new2.isoformat(), "end": (new2 + dur).isoformat()},
+                                            "dates": dates_given(user1, user2, event.args["body"], f"{BASE:%Y-%m-%d}",
+                                                                 own=(evt["start"], new2.isoformat()), ends=(evt["end"], (new2 + dur).isoformat()))},
+                           service="calendar"), 2.0, turn=1),
         ItemPlan("confirmed", f"A reply to {responder['email']} in their thread confirms {h2:02d}:00 on {new2:%Y-%m-%d}",
                  CheckSpec("mail_sent", {"to": [responder["email"]], "includes": [], "when": {"date": f"{new2:%Y-%m-%d}", "time": f"{h2:02d}:00"}, "in_reply_to": reply_id,
                                          "excludes": wrong}, service="mail"), 1.0,

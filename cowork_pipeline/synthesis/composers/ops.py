@@ -8,7 +8,7 @@ from typing import Any
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
-from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names, twin_person
+from cowork_pipeline.synthesis.composers._common import V, _at, dates_given, first, mention, other_names, twin_person
 from cowork_pipeline.synthesis.composers._common import position as _pos
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE, ROLES, slug
@@ -268,18 +268,23 @@ def onboarding_plan(ctx: Ctx) -> Composition:
     event = Event(tool="chat_deliver", actor="manager", args={
         "id": post_id, "channel_id": channel_id, "author": manager["email"],
         "text": f"Heads-up: {hire['name']}'s start date moved to {new_start:%A %Y-%m-%d}."})
+    today = f"{BASE:%Y-%m-%d}"  # (a task's notes may give its own due date, the dates the requests give and today's)
     items = [ItemPlan("laptop_task", f"A high-priority task '{laptop}' for me",
-                      CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": laptop, "assignee": me["email"], "priority": "high"}},
+                      CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": laptop, "assignee": me["email"], "priority": "high"},
+                                                   "dates": {"notes": dates_given(user1, today)}},
                                 service="tasks"), 1.0, turn=0)]
     for i, (t, d, _) in enumerate(ONBOARDING):  # judged on the world as turn 1 left it (turn 2 moves the due dates)
         items.append(ItemPlan(f"task_{i}", f"At the end of turn 1, '{t}' is assigned to {hire['email']}, due {_day(start + timedelta(days=d))}",
                               CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": t, "assignee": hire["email"],
-                                                                                                  "due": _day(start + timedelta(days=d))}},
+                                                                                                  "due": _day(start + timedelta(days=d))},
+                                                           "dates": {"notes": dates_given(user1, today, own=(_day(start + timedelta(days=d)),))}},
                                         service="tasks"), 1.0, turn=0))
     for i, (t, d, _) in enumerate(ONBOARDING):
         items.append(ItemPlan(f"due_{i}", f"'{t}' is due {_day(new_start + timedelta(days=d))}",
                               CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": t, "assignee": hire["email"],
-                                                                                                  "due": _day(new_start + timedelta(days=d))}},
+                                                                                                  "due": _day(new_start + timedelta(days=d))},
+                                                           "dates": {"notes": dates_given(user1, user2, event.args["text"], today,
+                                                                                          own=(_day(start + timedelta(days=d)), _day(new_start + timedelta(days=d))))}},
                                         service="tasks"), 1.0, turn=1))
     items.append(ItemPlan("after_move", "The due dates were moved only after the manager's update",
                           CheckSpec("after_event", {"actor": "manager", "tool": "tasks_update"}, service="chat"), 1.0, turn=1))
