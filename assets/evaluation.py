@@ -6,7 +6,7 @@ from dagster import AssetExecutionContext
 
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, model_dir
-from cowork_pipeline.evaluation import Contestant, comparison_table, markdown_table, rebase, report, score_contestants
+from cowork_pipeline.evaluation import Contestant, Scoring, comparison_table, markdown_table, rebase, report, score_contestants
 from cowork_pipeline.lake import ANY_PUBLISHED, NotPromoted, PublishConflict
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.training.registry import checkpoint_key, latest_trained
@@ -94,7 +94,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
         context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
     scored = result
 
-    def publish() -> tuple:
+    def publish() -> tuple[Scoring, dg.MaterializeResult, dg.AssetCheckResult, str]:
         latest, published = _previous_scores(context, lk)
         result = rebase(scored, previous, latest, agents.keeps_earlier)
         trials = result.trials

@@ -372,8 +372,9 @@ class Lake:
 
         return self._with_retry(table, f"{mode} write", attempt)
 
-    def _raw_history(self, table: str, limit: int | None) -> list[dict[str, Any]]:
-        """DeltaTable.history() with trustworthy version numbers.
+    def _raw_history(self, table: str, limit: int | None, since: int | None = None) -> list[dict[str, Any]]:
+        """DeltaTable.history() with trustworthy version numbers (with ``since``: the commits after that version,
+        at least one, read from the same open table).
 
         delta-rs lists every commit on storage but numbers them down from the
         snapshot's version, so a commit landing meanwhile shifts all numbers
@@ -383,7 +384,7 @@ class Lake:
         for _ in range(10):
             before = dt.version()
             try:
-                raw = dt.history(limit)
+                raw = dt.history(max(1, before - since) if since is not None else limit)
                 dt.update_incremental()
             except Exception as exc:
                 raise LakeError(f"{self._where(table)} history is unreadable: {_first_line(exc)}") from exc
@@ -622,7 +623,7 @@ class Lake:
         those that every commit after their version replaced another partition of ``column`` alone, by the
         commits' own record (any other commit may have changed every partition)."""
         oldest = min(parts.values())
-        history = self._raw_history(table, max(1, (self.version(table) or 0) - oldest))
+        history = self._raw_history(table, None, since=oldest)
         commits = {int(c["version"]): c for c in history if int(c["version"]) > oldest}
         latest = max(commits, default=oldest)
         if sorted(commits) != list(range(oldest + 1, latest + 1)):

@@ -257,10 +257,11 @@ def test_a_note_on_a_record_names_only_the_people_its_source_names():
 
 
 def test_a_note_on_a_record_gives_no_other_day_or_time():
-    """embedded-29: with ``dates`` (the record's own date and time, its end as a range's end only, and the dates and
-    times the task's texts give), a new meeting's title and description, a moved meeting's description and a task's
-    notes state no other date in any usual notation, nor (where ``dates`` has a time) another UTC time; a time on
-    another clock, a date without its month and a task note's time of day are not judged."""
+    """embedded-29: with ``dates`` (the record's own date and time, its end as a range's end only, the time it had
+    before a move only as what it was, and the dates and times the task's texts give), a new meeting's title and
+    description, a moved meeting's description and a task's notes state no other date in any usual notation, nor
+    (where ``dates`` has a time) another UTC time; a time on another clock, a date without its month and a task
+    note's time of day are not judged."""
     dates = dates_given("Find a slot on Wednesday 2026-03-04 (between 09:00 and 17:00 UTC)", "2026-03-02",
                         own=("2026-03-04T14:00:00+00:00",), ends=("2026-03-04T15:00:00+00:00",))
     assert dates == ["..15:00", "09:00", "14:00", "17:00", "2026-03-02", "2026-03-04"]
@@ -290,16 +291,19 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         assert not _run_check(task, created(wrong)), wrong
     moved = source(CheckSpec("field_equals", {"collection": "calendar.events", "id": "evt_1",
                                               "fields": {"start": "2026-03-05T11:00:00+00:00", "end": "2026-03-05T11:30:00+00:00"},
-                                              "dates": dates_given(own=("2026-03-05T10:00:00+00:00", "2026-03-05T11:00:00+00:00"),
-                                                                   ends=("2026-03-05T10:30:00+00:00", "2026-03-05T11:30:00+00:00"))}))
+                                              "dates": dates_given(own=("2026-03-05T11:00:00+00:00",), ends=("2026-03-05T11:30:00+00:00",),
+                                                                   was=("2026-03-05T10:00:00+00:00", "2026-03-05T10:30:00+00:00"))}))
 
     def rescheduled(description: str) -> dict[str, Any]:
         e = {"id": "evt_1", "start": "2026-03-05T11:00:00+00:00", "end": "2026-03-05T11:30:00+00:00", "description": description}
         return {"final": {"calendar.events": {"evt_1": e}},
                 "diff": {"calendar.events": {"added": {}, "removed": {}, "changed": {"evt_1": {"start": ["2026-03-05T10:00:00+00:00", e["start"]],
                                                                                             "description": ["", description]}}}}}
-    assert _run_check(moved, rescheduled("Moved from 10:00 to 11:00 UTC (11:00-11:30)"))
-    assert not _run_check(moved, rescheduled("Moved to 12:00 UTC"))
+    for ok in ["Moved from 10:00 to 11:00 UTC (11:00-11:30)", "Now 11:00 (was 10:00-10:30)", "10:00 did not work for Ana; 11am instead",
+               "Moved to 11:00, instead of 10:00", "11:00 rather than 10:00"]:
+        assert _run_check(moved, rescheduled(ok)), ok
+    for wrong in ["Moved to 12:00 UTC", "Moved to 10:00 UTC", "Design review at 10:00", "11:00 to 11:30, or rather 10:00 to 11:30"]:
+        assert not _run_check(moved, rescheduled(wrong)), wrong
 
 
 def test_messages_naming_another_record_fail_at_word_edges():
@@ -1120,6 +1124,30 @@ def test_planted_meeting_checker_blind_to_the_description_is_caught_by_the_state
     assert len(stated) == 1 and stated[0]["killed"] and stated[0]["failed_items"] == ["meeting_booked"], stated
 
 
+def test_planted_reschedule_checker_blind_to_the_description_is_caught_by_a_stale_note(validator, outcomes):
+    """certify-17: a checker that holds the moved meeting to its new start and end, and never reads its description,
+    lets a note through that still gives the time before the move ("Design review: 2026-03-05 at 10:00 UTC." on a
+    meeting moved to 11:00): the misstated-value mutant shows the gap; the embedded check kills it. (The second move's
+    note gets another hour instead: the time before it, the first move's, is one the request gives.)"""
+    spec = certified_spec(outcomes, "meeting_reschedule")
+    items = [r.id for r in spec.rubric if "_stray_when(" in r.code]
+    assert items == ["moved_first", "moved_again"], items
+    blind = spec
+    for item in items:
+        code = next(r.code for r in spec.rubric if r.id == item)
+        blind = with_item_code(blind, item, code.replace("_stray_when(t, dates)", "False"))
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert {d.detail["operator"] for d in cert.diagnostics} == {"misstated_value"}
+    stale, later = sorted(cert.diagnostics, key=lambda d: "in turn 1" in d.message)
+    assert "calendar_update_event in turn 0: description states the start it had before the move" in stale.message, stale.message
+    assert "calendar_update_event in turn 1: description states the start as" in later.message, later.message
+    [orig] = [o.final.certification for o in outcomes["meeting_reschedule"] if o.accepted and o.final.draft.spec is spec]
+    noted = [m for m in orig.mutants if m["description"].startswith("calendar_update_event in turn") and "description states" in m["description"]]
+    # (the note written in turn 1 stays stale after turn 2's move: both items fail it)
+    assert [sorted(m["failed_items"]) for m in noted] == [["moved_again", "moved_first"], ["moved_again"]], noted
+
+
 MAIL_ONLY_LEAK_CHECK = (
     "def check(ev):\n    sent = [m for m in ev['diff'].get('mail.messages', {{}}).get('added', {{}}).values() if m['folder'] == 'sent']\n"
     "    return not any('{marker}' in (m['subject'] + ' ' + m['body']).replace(' percent', '%') for m in sent)\n")
@@ -1181,7 +1209,7 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     assert {d.message.split("(", 1)[1].split(":")[0] for d in cert.diagnostics} == {"mail_reply in turn 0"}
     assert any("in EUR" in d.message for d in cert.diagnostics) and any("hedges" in d.message for d in cert.diagnostics)
     assert any("reports the work as not done" in d.message for d in cert.diagnostics)
-    assert any("amounts as record numbers ('#" in d.message for d in cert.diagnostics)
+    assert any("amounts as record numbers ('#" in d.message and "(PO " in d.message for d in cert.diagnostics)
     # the embedded checker kills all four, and only it does
     [orig] = [o.final.certification for o in outcomes["invoice_reconcile"] if o.accepted and o.final.draft.spec is spec]
     misstated = [m for m in orig.mutants if m["operator"] == "misstated_value" and m["description"].startswith("mail_reply")]
@@ -1189,6 +1217,20 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     # (and the invoice's note with another discount, certify-16, is the amount item's to kill)
     [noted] = [m for m in orig.mutants if m["operator"] == "misstated_value" and "note gives its figures" in m["description"]]
     assert noted["failed_items"] == ["invoice_amount"], noted
+
+
+def test_planted_amount_check_that_reads_a_spaced_record_number_is_caught(validator, outcomes):
+    """certify-17: a confirmation checker that knows "#4830" names a record but reads "PO 4830" as the amount lets
+    the amount given only as record numbers through: the mutant writes both notations ("#4830 (PO 4830)"), so a
+    checker that takes either for the amount is ``mutation_survived``."""
+    spec = certified_spec(outcomes, "invoice_reconcile")
+    f = spec.facts
+    number = spec.facts["checks"]["confirmation_sent"]["params"]["ids"]["right"][0]
+    code = NUMBER_ONLY_CONFIRMATION.format(msg=f["message_id"], number=number, digits=number.split("-")[1], amount=f["new_amount"])
+    code = code.replace("re.findall('[0-9]+", "re.findall('(?<![#0-9.])[0-9]+")  # ("#4830" is a record; "po 4830" is not seen as one)
+    assert "(?<![#0-9.])" in code
+    cert = validator.certify(planted(with_item_code(spec, "confirmation_sent", code)))
+    assert not cert.certified and any("amounts as record numbers ('#" in d.message for d in cert.diagnostics), cert.diagnostics
 
 
 def test_planted_date_check_that_ignores_the_year_is_caught_by_misstated_values(validator, outcomes):
@@ -3912,6 +3954,27 @@ def op_moved_record_text_misstates_when(spec, turns, ref):
         yield f"{tool}.{key}: {text!r}", _program(spec, m)
 
 
+def op_note_left_stale_by_a_later_move(spec, turns, ref):
+    """A meeting or task given a note saying when it is ("Moved to 11:00 UTC.", "Due 2026-03-16.") when it is first
+    written, then moved again in a later turn with the note left as it was: the record now says two times."""
+    key_of = {"calendar_create_event": "description", "calendar_update_event": "description", "tasks_create": "notes", "tasks_update": "notes"}
+    sites = _write_sites(turns)
+    for ti, si in sites:
+        tool, args, result = turns[ti][si]
+        when = args.get("start") or args.get("due")
+        rid = args.get("event_id") or args.get("task_id") or (result or {}).get("id")
+        if tool not in key_of or args.get(key_of[tool]) or not isinstance(when, str) or rid is None:
+            continue
+        later = [(tj, sj) for tj, sj in sites if tj > ti and turns[tj][sj][0] in key_of
+                 and rid in (turns[tj][sj][1].get("event_id"), turns[tj][sj][1].get("task_id"))
+                 and (turns[tj][sj][1].get("start") or turns[tj][sj][1].get("due")) not in (None, when)]
+        if not later:
+            continue
+        m = copy.deepcopy(turns)
+        m[ti][si][1][key_of[tool]] = text = f"Moved to {_shift(when, 0)[11:16]} UTC." if "T" in when else f"Due {when}."
+        yield f"turn {ti} {tool}.{key_of[tool]}: {text!r}, left as it was by turn {later[0][0]}'s move", _program(spec, m)
+
+
 def ctl_record_text_states_when(spec, turns, ref):
     """CONTROL: a new or moved meeting or task given a description / notes that says when it is, in other words than
     the reference's ("Wed March 4th, 2-3pm UTC", "14:00-15:00 UTC", "due March 16th", "Moved from 10:00 to 11:00
@@ -4040,6 +4103,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "record_text_names_a_namesake": op_record_text_names_a_namesake,
              "new_record_text_misstates_when": op_new_record_text_misstates_when,
              "moved_record_text_misstates_when": op_moved_record_text_misstates_when,
+             "note_left_stale_by_a_later_move": op_note_left_stale_by_a_later_move,
              "record_text_states_when (control)": ctl_record_text_states_when,
              "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number,
              "times_with_a_dot_or_in_hours (control)": ctl_times_with_a_dot_or_in_hours,

@@ -134,7 +134,8 @@ def _stray_people(text, ev, allowed):
 
 def _stray_when(text, allowed):
     # a date, or a utc time of day, stated in ``text`` that is none of ``allowed`` ("|"-joined iso dates and hh:mm;
-    # "..15:00" only as a range's end: "14:00-15:00", "until 15:00", not "at 15:00"): a note that gives its record
+    # "..15:00" only as a range's end: "14:00-15:00", "until 15:00", not "at 15:00"; "<15:00" only as what the record
+    # was: "moved from 15:00", "was 15:00", "15:00 did not work", not "moved to 15:00"): a note that gives its record
     # another day or time than the record's misleads whoever reads it. Times are judged only where ``allowed`` has
     # one (a task's notes may well say "call at 15:00"); a time on another clock ("16:00 cet") is not judged, nor a
     # date without its month ("3/5" may be a fraction, "the 5th" any month's)
@@ -146,23 +147,24 @@ def _stray_when(text, allowed):
     months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
     month = "(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec)[.]?(?![a-z])"
     year = "(?:[ ]+(?:of[ ]+)?((?:19|20)[0-9]{2})(?![0-9a-z:]))?"
-    found = []  # (year or "", month, day, either reading): 2026-03-05, march 5th 2026, 5 march, 5-mar-2026, 05/03/2026
+    found = []  # (year or "", month, day, either reading, where): 2026-03-05, march 5th 2026, 5 march, 5-mar-2026, 05/03/2026
     for m in re.finditer("(?<![0-9])([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])", t):
-        found = found + [(m.group(1), int(m.group(2)), int(m.group(3)), 0)]
+        found = found + [(m.group(1), int(m.group(2)), int(m.group(3)), 0, m)]
     for m in re.finditer("(?<![a-z])" + month + "[ ]+([0-9]{1,2})(?:st|nd|rd|th)?(?![0-9a-z:]|[.][0-9])" + year, t):
-        found = found + [(m.group(3) or "", months.index(m.group(1)[:3]) + 1, int(m.group(2)), 0)]
+        found = found + [(m.group(3) or "", months.index(m.group(1)[:3]) + 1, int(m.group(2)), 0, m)]
     for m in re.finditer("(?<![0-9a-z.:/])([0-9]{1,2})(?:st|nd|rd|th)?(?:[ ]+(?:of[ ]+)?|-)" + month + "(?:-([0-9]{4})(?![0-9])|" + year + ")", t):
-        found = found + [(m.group(3) or m.group(4) or "", months.index(m.group(2)[:3]) + 1, int(m.group(1)), 0)]
+        found = found + [(m.group(3) or m.group(4) or "", months.index(m.group(2)[:3]) + 1, int(m.group(1)), 0, m)]
     for m in re.finditer("(?<![0-9./])([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])", t):
-        found = found + [(m.group(3), int(m.group(2)), int(m.group(1)), 1)]
-    for y, mo, d, either in found:
+        found = found + [(m.group(3), int(m.group(2)), int(m.group(1)), 1, m)]
+    for y, mo, d, either, m in found:
         right = False
         for a in ok:
-            if len(a) == 10 and y in ("", a[:4]) and ((mo, d) == (int(a[5:7]), int(a[8:10])) or (either and (d, mo) == (int(a[5:7]), int(a[8:10])))):
-                right = True
+            iso = a.lstrip("<")
+            if len(iso) == 10 and y in ("", iso[:4]) and ((mo, d) == (int(iso[5:7]), int(iso[8:10])) or (either and (d, mo) == (int(iso[5:7]), int(iso[8:10])))):
+                right = right or a == iso or _was(t, m.start(), m.end())
         if not right:
             return True
-    if not any(len(a) in (5, 7) for a in ok):
+    if not any(len(a.lstrip("<")) in (5, 7) for a in ok):
         return False
     # times of day: 15:00 (not a range's offset "+01:00", nor 3:00 before "pm"), 3pm, 3:30 p.m., 15h00, 1500 hrs,
     # 1500z, 15.00 utc, noon
@@ -181,8 +183,25 @@ def _stray_when(text, allowed):
         hm = str(h).zfill(2) + ":" + str(mi).zfill(2)
         if hm in ok or _zoned(t[end:end + 40]):
             continue
-        if ".." + hm not in ok or re.search("(?:-|to|until|till|ends?|ending|finish(?:es|ing)?)(?:[ ]+at)?[ ]*$", t[max(0, start - 16):start]) is None:
+        if "<" + hm in ok and _was(t, start, end):
+            continue
+        if ".." + hm not in ok or re.search("(?:[0-9][ ]*(?:[ap][.]?m[.]?|utc)?[ ]*(?:-|to)|until|till|ends?|ending|finish(?:es|ing)?)(?:[ ]+at)?[ ]*$", t[max(0, start - 16):start]) is None:
             return True
+    return False
+
+def _was(t, start, end):
+    # the value at t[start:end] is what the record was, not what it is: the nearest pointing word before it points
+    # back ("moved from 15:00", "was 15:00", "instead of 15:00"; not "moved to 15:00", "now 15:00"), or the words after
+    # it say so ("15:00 did not work", "15:00 is out")
+    import re
+    if re.match("[ ]*(?:[(]?utc[)]?[ ]*)?(?:did not|didn't|does not|doesn't|no longer|is out|was|won't|will not)(?![a-z])", t[end:end + 24]):
+        return True
+    back = "from was were previously originally formerly instead not longer old earlier moved replaces replaced".split()
+    ahead = "to now at on due until till is by for new starts start becomes".split()
+    words = re.findall("[a-z']+", t[max(0, start - 32):start])
+    for i in range(len(words) - 1, -1, -1):
+        if words[i] in back or words[i] in ahead or words[i - 1:i + 1] == ["rather", "than"]:
+            return words[i] not in ahead  # ("or rather 10:00" corrects to it; "rather than 10:00" points back)
     return False
 
 def _hedges(t):

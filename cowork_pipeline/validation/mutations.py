@@ -148,6 +148,21 @@ def _target(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int) -> tuple
     return {}, set()
 
 
+def _before_step(env: EnvironmentSpec, traj: Trajectory, s: Step, turn: int) -> dict[str, Any]:
+    """The record this call changes as the reference left it when ``turn`` began: a world record, or one an earlier
+    turn created (a task created in turn 1 and moved in turn 2); {} for none."""
+    rec, _changed = _target(env, traj, s, turn)
+    if rec:
+        return rec
+    rid = next((v for k, v in sorted(s.args.items()) if k in ID_PARAMS and isinstance(v, str)), None)
+    diff = traj.turn_diffs[turn - 1] if 0 < turn <= len(traj.turn_diffs) else {}
+    for recs in diff.values():
+        added = recs.get("added", {}) if isinstance(recs, dict) else {}
+        if rid in added and isinstance(added[rid], dict):
+            return added[rid]
+    return {}
+
+
 def _same_time(a: Any, b: Any) -> bool:
     try:
         return datetime.fromisoformat(str(a).replace("Z", "+00:00")) == datetime.fromisoformat(str(b).replace("Z", "+00:00"))
@@ -265,7 +280,7 @@ _CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD|SGD)
 _UTC_CLOCK = re.compile(r"(?<![\w:.])((?:[01]?\d|2[0-3]):[0-5]\d) UTC\b")
 _CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):([0-5]\d)(?![\w:])")
 _ISO_DATE = re.compile(r"(?<![\w-])(\d{4}-\d{2}-\d{2})(?![\w-])")
-_RECORD_NUMBER = re.compile(r"#\d+")
+_RECORD_NUMBER = re.compile(r"#\d+ \(PO \d+\)")
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December")
 _WORDS_DATE = re.compile(r"\b(%s) (\d{1,2}), (\d{4})\b" % "|".join(_MONTHS))
 
@@ -290,7 +305,7 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
     currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET");
     each amount, time and date hedged between itself and another value ("4830.00 or 5314.00", "15:00 or
-    16:00", "2026-03-05 or 2026-03-06"); its amounts as record numbers ("4830.00" -> "#4830"); its dates in
+    16:00", "2026-03-05 or 2026-03-06"); its amounts as record numbers ("4830.00" -> "#4830 (PO 4830)"); its dates in
     words in the next year ("March 5, 2027" for 2026-03-05: a checker that finds "March 5" and stops there
     lets it through); the weekday beside a date
     the next one ("Friday 2026-03-05" for a Thursday); the work reported as not done ("I couldn't get this done").
@@ -319,7 +334,8 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     if kinds:
         out.append(({**s.args, param: hedged}, f"{param} hedges each {', '.join(kinds)} ('{sample}')"))
     if _MONEY.search(text):  # the amount's digits as a record's number: it names a record, it states no amount
-        new = _MONEY.sub(lambda m: f"#{m.group(1)}", text)
+        # (two notations at once, "#4830 (PO 4830)": a checker that reads either as the amount lets it through)
+        new = _MONEY.sub(lambda m: f"#{m.group(1)} (PO {m.group(1)})", text)
         out.append(({**s.args, param: new}, f"{param} gives its amounts as record numbers ('{_RECORD_NUMBER.search(new).group(0)}')"))
     if _ISO_DATE.search(text) or _WORDS_DATE.search(text):  # day and month right, in words, in the next year
         new = _ISO_DATE.sub(lambda m: _in_words(m.group(1), years=1), _WORDS_DATE.sub(lambda m: f"{m.group(1)} {m.group(2)}, {int(m.group(3)) + 1}", text))
@@ -342,7 +358,7 @@ RECORD_TEXT = {"crm_update_deal": "note", "crm_update_invoice": "note", "tasks_c
 _FIGURE = re.compile(r"(?<![\w.,:/#-])(\d{1,3})(%| [a-z]+s\b)")  # "8%", "12 seats"
 
 
-def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = "") -> list[tuple[dict[str, Any], str]]:
+def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = "", before: dict[str, Any] | None = None) -> list[tuple[dict[str, Any], str]]:
     """The step's record right in every field, the text it writes on it with its amounts a tenth more ("Closed at
     71115.00 USD" for 64650.00), its percentages and counts one more ("9% volume discount", "billed for 13 seats"), or
     naming someone else in place of the person it names (a namesake: "announced by Marcus Mensah" for Marcus García;
@@ -351,7 +367,7 @@ def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = ""
     param = RECORD_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
     if not isinstance(text, str):
-        stated = _misstated_when(env, s, involved) if param else None
+        stated = _misstated_when(env, s, involved, before or {}) if param else None
         return [({**s.args, param: stated[0]}, f"{param} {stated[1]}")] if stated else []
     out = []
     if _MONEY.search(text):
@@ -369,7 +385,7 @@ def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = ""
         twin = next((n for n in others if n.split()[0] == said.split()[0]), others[0] if others else None)
         if twin is not None:
             out.append(({**s.args, param: text.replace(said, twin)}, f"{param} names {twin} in place of {said}"))
-    stated = _misstated_when(env, s, involved)
+    stated = _misstated_when(env, s, involved, before or {})
     if stated:
         out.append(({**s.args, param: text.rstrip() + " " + stated[0]}, f"{param} {stated[1]}"))
     return out
@@ -379,31 +395,39 @@ def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = ""
 WHEN_ARG = {"calendar_create_event": "start", "calendar_update_event": "start", "tasks_create": "due", "tasks_update": "due"}
 
 
-def _misstated_when(env: EnvironmentSpec, s: Step, involved: str) -> tuple[str, str] | None:
-    """A line for the step's record text that states its day or time wrong: the start an hour (or more) later the
+def _misstated_when(env: EnvironmentSpec, s: Step, involved: str, before: dict[str, Any]) -> tuple[str, str] | None:
+    """A line for the step's record text that states its day or time wrong. A move (the record ``before`` the step had
+    another start or due date): its old time or date as its time ("Design review: 2026-03-05 at 10:00 UTC." on a
+    meeting moved from 10:00 to 11:00: a note a move left stale), unless the task's texts give it. Else: the start an hour (or more) later the
     same day ("Hiring sync: 2026-03-04 at 16:00 UTC." on a 15:00 meeting), the due date a day (or more) later ("Due
     2026-03-17." on a task due the 16th), never a time or date the task itself gives (its request, its colleagues'
-    updates, the record's time before the step, today): the note may name those. None where the step sets no day."""
-    when = s.args.get(WHEN_ARG.get(s.tool, ""))
+    updates, today): the note may name those. None where the step sets no day."""
+    key = WHEN_ARG.get(s.tool, "")
+    when = s.args.get(key)
     if not isinstance(when, str) or len(when) < 10:
         return None
-    known = [involved, BASE_TIME.date().isoformat()] + [str(e.args) for t in env.turns for e in t.events]
-    rid = str(s.args.get("event_id") or s.args.get("task_id"))
-    rec = env.world.get(_collection_of(env, rid) or "", {}).get(rid, {})
-    known += [str(rec.get(f)) for f in ("start", "end", "due")]
-    seen = " ".join(known)
     try:
         at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        was = datetime.fromisoformat(str(before[key]).replace("Z", "+00:00")) if before.get(key) else None
     except ValueError:
         return None
-    if len(when) >= 16:  # a date-time: another hour of the same day
+    title = s.args.get("title") or before.get("title") or "Meeting"
+    given = " ".join([t.user for t in env.turns] + [str(e.args) for t in env.turns for e in t.events] + [BASE_TIME.date().isoformat()])
+    seen = involved + " " + given
+    if len(when) >= 16:  # a date-time
         at = at.astimezone(timezone.utc) if at.tzinfo else at
+        if was is not None and len(str(before[key])) >= 16:
+            was = was.astimezone(timezone.utc) if was.tzinfo else was
+            if was != at and f"{was:%H:%M}" not in given:  # (a time the task's texts give may stand in the note)
+                return f"{title}: {was:%Y-%m-%d} at {was:%H:%M} UTC.", f"states the start it had before the move ({was:%H:%M} UTC)"
         later = next((h for h in range(1, 24) if (at + timedelta(hours=h)).date() == at.date()
                       and f"{at + timedelta(hours=h):%H:%M}" not in seen), None)
         if later is None:
             return None
         new = at + timedelta(hours=later)
-        return f"{s.args.get('title') or rec.get('title') or 'Meeting'}: {new:%Y-%m-%d} at {new:%H:%M} UTC.", f"states the start as {new:%H:%M} UTC"
+        return f"{title}: {new:%Y-%m-%d} at {new:%H:%M} UTC.", f"states the start as {new:%H:%M} UTC"
+    if was is not None and was.date() != at.date() and f"{was:%Y-%m-%d}" not in given:
+        return f"Due {was:%Y-%m-%d}.", f"states the due date it had before the move ({was:%Y-%m-%d})"
     day = next((d for d in range(1, 8) if f"{at + timedelta(days=d):%Y-%m-%d}" not in seen), None)
     return (f"Due {at + timedelta(days=day):%Y-%m-%d}.", f"states the due date as {at + timedelta(days=day):%Y-%m-%d}") if day else None
 
@@ -558,7 +582,8 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     # notes written on records apart: within the messages' cap they would push a message's misstatement out
     noted = [(ti, si, s) for ti, si, s in effectful if s.tool in RECORD_TEXT]
     involved = " ".join([t.user for t in env.turns] + [str(v) for turn in base for st in turn for v in st.args.values()]) if noted else ""
-    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _record_text_misstatements(env, s, involved)]
+    per_site = [[variant("misstated_value", ti, si, s, args, what)
+                 for args, what in _record_text_misstatements(env, s, involved, _before_step(env, traj, s, ti) if s.tool in WHEN_ARG else None)]
                 for ti, si, s in noted]
     out.extend(_select(per_site, CAPS["misstated_note"]))
 

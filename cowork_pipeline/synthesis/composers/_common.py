@@ -27,16 +27,19 @@ def _at(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = ()) -> list[str]:
+def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = (), was: tuple[str, ...] = ()) -> list[str]:
     """The ``dates`` parameter of a record's checks: the record's ``own`` dates and times (ISO dates, ISO instants
-    read as their date and HH:MM), the times it ``ends`` (as a range's end only: "14:00-15:00", not "at 15:00") and
-    every ISO date and HH:MM time ``texts`` give (the request, the colleague's update, the workspace's today): a note
-    on the record may name those, and no other."""
+    read as their date and HH:MM), the times it ``ends`` (as a range's end only: "14:00-15:00", not "at 15:00"), what
+    it ``was`` before a move (only as what it was: "moved from 10:00", not "moved to 10:00") and every ISO date and
+    HH:MM time ``texts`` give (the request, the colleague's update, the workspace's today): a note on the record may
+    name those, and no other."""
     out: list[str] = []
     for v in own:
         out += [v[:10]] + ([v[11:16]] if len(v) >= 16 else [])
     for v in ends:
         out += [v[:10], ".." + v[11:16]]
+    for v in was:
+        out += ["<" + v[:10]] + (["<" + v[11:16]] if len(v) >= 16 else [])
     for text in texts:
         out += re.findall(r"(?<![0-9])[0-9]{4}-[0-9]{2}-[0-9]{2}(?![0-9])|(?<![0-9:])[0-9]{2}:[0-9]{2}(?![0-9])", text)
     return sorted(set(out))

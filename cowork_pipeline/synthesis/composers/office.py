@@ -242,14 +242,14 @@ def meeting_reschedule(ctx: Ctx) -> Composition:
         "body": f"Hi {first(me['name'])}, sorry, {h1:02d}:00 does not work for me that day. Could we do {h2:02d}:00 UTC instead?\n"
                 f"{responder['name']}"})
     wrong = other_names(wb.state, "calendar.events", "title", topic, similar=True)  # its prep slot, its follow-ups
-    # (a note on the moved meeting may say when it was: its own time before, and the times the requests give)
+    # (a note on the moved meeting gives its time; the times it had before only as what it was: "moved from 11:00")
     items = [
         # Judged on the world as turn 1 left it (turn 2 moves the meeting again).
         ItemPlan("moved_first", f"At the end of turn 1 the meeting starts {new1:%Y-%m-%d %H:%M} UTC and lasts {minutes} minutes",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"],
                                             "fields": {"start": new1.isoformat(), "end": (new1 + dur).isoformat()},
-                                            "dates": dates_given(user1, f"{BASE:%Y-%m-%d}", own=(evt["start"], new1.isoformat()),
-                                                                 ends=(evt["end"], (new1 + dur).isoformat()))},
+                                            "dates": dates_given(user1, f"{BASE:%Y-%m-%d}", own=(new1.isoformat(),), ends=((new1 + dur).isoformat(),),
+                                                                 was=(evt["start"], evt["end"]))},
                            service="calendar"), 2.0,
                  turn=0),
         ItemPlan("attendees_told", f"An email to every attendee gives the new time ({h1:02d}:00)",
@@ -258,8 +258,8 @@ def meeting_reschedule(ctx: Ctx) -> Composition:
         ItemPlan("moved_again", f"The meeting now starts {new2:%Y-%m-%d %H:%M} UTC and lasts {minutes} minutes",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"],
                                             "fields": {"start": new2.isoformat(), "end": (new2 + dur).isoformat()},
-                                            "dates": dates_given(user1, user2, event.args["body"], f"{BASE:%Y-%m-%d}",
-                                                                 own=(evt["start"], new2.isoformat()), ends=(evt["end"], (new2 + dur).isoformat()))},
+                                            "dates": dates_given(user2, f"{BASE:%Y-%m-%d}", own=(new2.isoformat(),), ends=((new2 + dur).isoformat(),),
+                                                                 was=(evt["start"], evt["end"], new1.isoformat(), (new1 + dur).isoformat()))},
                            service="calendar"), 2.0, turn=1),
         ItemPlan("confirmed", f"A reply to {responder['email']} in their thread confirms {h2:02d}:00 on {new2:%Y-%m-%d}",
                  CheckSpec("mail_sent", {"to": [responder["email"]], "includes": [], "when": {"date": f"{new2:%Y-%m-%d}", "time": f"{h2:02d}:00"}, "in_reply_to": reply_id,

@@ -283,8 +283,8 @@ def onboarding_plan(ctx: Ctx) -> Composition:
         items.append(ItemPlan(f"due_{i}", f"'{t}' is due {_day(new_start + timedelta(days=d))}",
                               CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": t, "assignee": hire["email"],
                                                                                                   "due": _day(new_start + timedelta(days=d))},
-                                                           "dates": {"notes": dates_given(user1, user2, event.args["text"], today,
-                                                                                          own=(_day(start + timedelta(days=d)), _day(new_start + timedelta(days=d))))}},
+                                                           "dates": {"notes": dates_given(user2, event.args["text"], today, own=(_day(new_start + timedelta(days=d)),),
+                                                                                          was=(_day(start + timedelta(days=d)), _day(start)))}},
                                         service="tasks"), 1.0, turn=1))
     items.append(ItemPlan("after_move", "The due dates were moved only after the manager's update",
                           CheckSpec("after_event", {"actor": "manager", "tool": "tasks_update"}, service="chat"), 1.0, turn=1))
