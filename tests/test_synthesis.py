@@ -257,16 +257,16 @@ def test_a_note_on_a_record_names_only_the_people_its_source_names():
 
 
 def test_a_note_on_a_record_gives_no_other_day_or_time():
-    """embedded-29: with ``dates`` (the record's own date and time, its end as a range's end only, the time it had
+    """embedded-29: with ``when_allowed`` (the record's own date and time, its end as a range's end only, the time it had
     before a move only as what it was, and the dates and times the task's texts give), a new meeting's title and
     description, a moved meeting's description and a task's notes state no other date in any usual notation, nor
-    (where ``dates`` has a time) another UTC time; a time on another clock, a date without its month and a task
+    (where ``when_allowed`` has a time) another UTC time; a time on another clock, a date without its month and a task
     note's time of day are not judged."""
     dates = dates_given("Find a slot on Wednesday 2026-03-04 (between 09:00 and 17:00 UTC)", "2026-03-02",
                         own=("2026-03-04T14:00:00+00:00",), ends=("2026-03-04T15:00:00+00:00",))
     assert dates == ["..15:00", "09:00", "14:00", "17:00", "2026-03-02", "2026-03-04"]
     code = source(CheckSpec("event_at", {"start_utc": "2026-03-04T14:00:00+00:00", "minutes": 60, "attendees": ["a@northwind.example"],
-                                         "title": "Budget check-in", "dates": dates}))
+                                         "title": "Budget check-in", "when_allowed": dates}))
 
     def booked(description: str, title: str = "Budget check-in") -> dict[str, Any]:
         e = {"id": "evt_1", "title": title, "start": "2026-03-04T14:00:00+00:00", "end": "2026-03-04T15:00:00+00:00", "attendees": ["a@northwind.example"],
@@ -280,7 +280,7 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         assert not _run_check(code, booked(wrong)), wrong
     assert not _run_check(code, booked("", title="Budget check-in 16:00"))
     task = source(CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"due": "2026-03-16"},
-                                               "dates": {"notes": dates_given("Joins on Monday 2026-03-16", own=("2026-03-16",))}}))
+                                               "when_allowed": {"notes": dates_given("Joins on Monday 2026-03-16", own=("2026-03-16",))}}))
 
     def created(notes: str) -> dict[str, Any]:
         t = {"id": "tsk_1", "title": "Security training", "due": "2026-03-16", "notes": notes}
@@ -291,7 +291,7 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         assert not _run_check(task, created(wrong)), wrong
     moved = source(CheckSpec("field_equals", {"collection": "calendar.events", "id": "evt_1",
                                               "fields": {"start": "2026-03-05T11:00:00+00:00", "end": "2026-03-05T11:30:00+00:00"},
-                                              "dates": dates_given(own=("2026-03-05T11:00:00+00:00",), ends=("2026-03-05T11:30:00+00:00",),
+                                              "when_allowed": dates_given(own=("2026-03-05T11:00:00+00:00",), ends=("2026-03-05T11:30:00+00:00",),
                                                                    was=("2026-03-05T10:00:00+00:00", "2026-03-05T10:30:00+00:00"))}))
 
     def rescheduled(description: str) -> dict[str, Any]:
@@ -304,6 +304,26 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         assert _run_check(moved, rescheduled(ok)), ok
     for wrong in ["Moved to 12:00 UTC", "Moved to 10:00 UTC", "Design review at 10:00", "11:00 to 11:30, or rather 10:00 to 11:30"]:
         assert not _run_check(moved, rescheduled(wrong)), wrong
+
+
+def test_a_message_about_a_meeting_gives_no_second_time():
+    """embedded-29: a message check with ``when_allowed`` reads the sender's own words for a second date or time:
+    "moved to 11:00 UTC. See you at 13:00 UTC." fails; the time before the move as what it was, the meeting's end as a
+    range's end, a reply's inherited subject ("Re: ... moved to 10:00 UTC") and the lines it quotes pass."""
+    allowed = dates_given("Move the design review on Thursday 2026-03-05 to 11:00 UTC", own=("2026-03-05T11:00:00+00:00",),
+                          ends=("2026-03-05T11:30:00+00:00",), was=("2026-03-05T10:00:00+00:00", "2026-03-05T10:30:00+00:00"))
+    code = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["design review"],
+                                          "when": {"date": "2026-03-05", "time": "11:00"}, "when_allowed": allowed}))
+    for ok in ["The design review is moved to Thursday 2026-03-05 at 11:00 UTC.",
+               "The design review is moved from 10:00, now 11:00-11:30 UTC on 2026-03-05.",
+               "The design review (was 10:00) is now at 11am UTC on March 5th.",
+               "The design review is at 11:00 UTC on 2026-03-05.\n\nOn 2026-03-02T09:02:00Z, ap@acme.example wrote:\n> 10:00 is fine, or 13:00?"]:
+        assert _run_check(code, _sent_evidence("Design review moved", ok)), ok
+    assert _run_check(code, _sent_evidence("Re: Design review moved to 10:00 UTC", "The design review is now at 11:00 UTC on 2026-03-05."))
+    for wrong in ["The design review is moved to Thursday 2026-03-05 at 11:00 UTC. See you at 13:00 UTC.",
+                  "The design review is moved to 2026-03-05 at 11:00-12:00 UTC.", "The design review moves to 11:00 UTC on 2026-03-05, not 2026-03-06."]:
+        assert not _run_check(code, _sent_evidence("Design review moved", wrong)), wrong
+    assert not _run_check(code, _sent_evidence("Design review moved to 10:00 UTC", "The design review is at 11:00 UTC on 2026-03-05."))
 
 
 def test_messages_naming_another_record_fail_at_word_edges():
@@ -1110,7 +1130,7 @@ def test_planted_meeting_checker_blind_to_the_description_is_caught_by_the_state
     """certify-17: a meeting checker that holds the new event to its start, length, attendees and title, and never
     reads what the event says, lets an invite through whose description gives another time ("Budget check-in:
     2026-03-04 at 16:00 UTC." on a 15:00 meeting): the misstated-value mutant of the description shows the gap;
-    the embedded check (embedded-29, ``dates``) kills it."""
+    the embedded check (embedded-29, ``when_allowed``) kills it."""
     spec = certified_spec(outcomes, "schedule_meeting")
     item = next(r for r in spec.rubric if r.id == "meeting_booked")
     blind = re.sub(r"\n *if _stray_when\(.*\n *continue", "", item.code)  # (the guard out, the rest as generated)
@@ -1130,7 +1150,7 @@ def test_planted_reschedule_checker_blind_to_the_description_is_caught_by_a_stal
     meeting moved to 11:00): the misstated-value mutant shows the gap; the embedded check kills it. (The second move's
     note gets another hour instead: the time before it, the first move's, is one the request gives.)"""
     spec = certified_spec(outcomes, "meeting_reschedule")
-    items = [r.id for r in spec.rubric if "_stray_when(" in r.code]
+    items = [r.id for r in spec.rubric if "_stray_when(t, dates)" in r.code]  # (the meeting's items; the emails' have their own)
     assert items == ["moved_first", "moved_again"], items
     blind = spec
     for item in items:
@@ -1236,7 +1256,9 @@ def test_planted_amount_check_that_reads_a_spaced_record_number_is_caught(valida
 def test_planted_date_check_that_ignores_the_year_is_caught_by_misstated_values(validator, outcomes):
     """certify-14: a message check that finds the date with its month's name and does not read the year beside it
     (the embedded checker before embedded-27) lets "March 5, 2027" through for 2026-03-05; the misstated-value mutant
-    that gives the dates in words in the next year is the one that survives it, and the generated check kills it."""
+    that gives the dates in words in the next year survives it, and the generated check kills it. (Since embedded-29
+    the message check also rejects a date it was not given, which reads the year too: that guard is taken out as well,
+    and the mutant giving a second time survives it.)"""
     spec = certified_spec(outcomes, "meeting_reschedule")
     [orig] = [o.final.certification for o in outcomes["meeting_reschedule"] if o.accepted and o.final.draft.spec is spec]
     [late] = [m for m in orig.mutants if m["operator"] == "misstated_value" and "another year" in m["description"]]
@@ -1244,10 +1266,11 @@ def test_planted_date_check_that_ignores_the_year_is_caught_by_misstated_values(
     [original] = [r.code for r in spec.rubric if r.id == item]
     rule = 'if y is not None and forms[0][4:5] == "-" and y.group(1) != forms[0][:4]:'
     assert rule in original
-    cert = validator.certify(planted(with_item_code(spec, item, original.replace(rule, "if False:"))))
+    lax = re.sub(r"\n *if _stray_when\(.*\n *continue", "", original.replace(rule, "if False:"))
+    cert = validator.certify(planted(with_item_code(spec, item, lax)))
     assert cert.reference_pass and cert.equivalent_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    [d] = cert.diagnostics
-    assert d.detail["operator"] == "misstated_value" and "dates with another year" in d.message and ", 2027" in d.message, d
+    assert {d.detail["operator"] for d in cert.diagnostics} == {"misstated_value"}, cert.diagnostics
+    assert sorted("another year" in d.message and ", 2027" in d.message or "a second time" in d.message for d in cert.diagnostics) == [True, True]
 
 
 def test_the_confidential_figure_leaks_in_a_subject_or_in_words(sb, backend, validator):
@@ -3571,13 +3594,32 @@ def ctl_utc_time_and_the_readers_in_a_named_zone(spec, turns, ref):
         yield "UTC times with Berlin and London times beside them", prog
 
 
-def _range(m, sep="-", shift=0):
-    """'14:00 UTC' (a _UTC_TIME match) as a range of an hour from it, ``shift`` hours later: ('14:00-15:00', '2-3pm'),
-    the zone left to the caller."""
-    h, mm = (int(m.group(1)) + shift) % 24, m.group(2)
-    end = (h + 1) % 24
-    twelve = f"{h % 12 or 12}{':' + mm if mm != '00' else ''}{sep}{end % 12 or 12}{':' + mm if mm != '00' else ''}{'pm' if end >= 12 else 'am'}"
-    return f"{h:02d}:{mm}{sep}{end:02d}:{mm}", twelve
+def _range(m, sep="-", shift=0, minutes=60):
+    """'14:00 UTC' (a _UTC_TIME match) as a range of ``minutes`` (an hour) from it, ``shift`` hours later:
+    ('14:00-15:00', '2-3pm'), the zone left to the caller."""
+    start = datetime(2026, 1, 1, (int(m.group(1)) + shift) % 24, int(m.group(2)))
+    end = start + timedelta(minutes=minutes)
+    def twelve(d):
+        return f"{d.hour % 12 or 12}{':%02d' % d.minute if d.minute else ''}"
+    return f"{start:%H:%M}{sep}{end:%H:%M}", f"{twelve(start)}{sep}{twelve(end)}{'pm' if end.hour >= 12 else 'am'}"
+
+
+def _lengths(spec, turns, ref):
+    """{'HH:MM': minutes}: the length of the meeting starting at that time of day at some point of the episode, where
+    one length is found: first as the task's calls and its colleagues' changes move or create one there, else in the
+    world or as the reference leaves it (a range given for a meeting must end when it ends)."""
+    moved = [a for steps in turns for _t, a, _r in steps] + [e.args for t in spec.turns for e in t.events]
+    stored = list(spec.world.get("calendar.events", {}).values()) + list((ref.final_state or {}).get("calendar.events", {}).values())
+    out: dict[str, int] = {}
+    for slots in (moved, stored):
+        found: dict[str, set[int]] = {}
+        for e in slots:
+            if not (isinstance(e.get("start"), str) and isinstance(e.get("end"), str)):
+                continue
+            start, end = (datetime.fromisoformat(str(e[k]).replace("Z", "+00:00")) for k in ("start", "end"))
+            found.setdefault(f"{start.astimezone(timezone.utc):%H:%M}", set()).add(int((end - start).total_seconds()) // 60)
+        out = {**{hm: next(iter(v)) for hm, v in found.items() if len(v) == 1}, **out}
+    return out
 
 
 def op_time_range_on_another_clock(spec, turns, ref):
@@ -3602,14 +3644,33 @@ def op_time_range_ending_at_it(spec, turns, ref):
 
 
 def ctl_utc_time_as_a_range(spec, turns, ref):
-    """CONTROL: every UTC time in the messages and answers given as a range of an hour from it ("14:00 UTC" ->
-    "14:00-15:00 UTC", "2-3pm UTC", "2pm to 3pm UTC") or with a Z ("14:00Z"). Must still pass."""
-    for name, fmt in (("hh:mm-hh:mm UTC", lambda m: f"{_range(m)[0]} UTC"), ("h-hpm UTC", lambda m: f"{_range(m)[1]} UTC"),
-                      ("h\u2013hpm UTC", lambda m: f"{_range(m, chr(0x2013))[1]} UTC"),
+    """CONTROL: every UTC time in the messages and answers given as a range from it to the meeting's end (an hour
+    where no meeting starts then: "14:00 UTC" -> "14:00-15:00 UTC", "2-2:30pm UTC" for a half-hour 1:1) or with a Z
+    ("14:00Z"). Must still pass."""
+    lengths = _lengths(spec, turns, ref)
+
+    def long(m):
+        return lengths.get(f"{m.group(1)}:{m.group(2)}", 60)
+    for name, fmt in (("hh:mm-hh:mm UTC", lambda m: f"{_range(m, minutes=long(m))[0]} UTC"), ("h-hpm UTC", lambda m: f"{_range(m, minutes=long(m))[1]} UTC"),
+                      ("h\u2013hpm UTC", lambda m: f"{_range(m, chr(0x2013), minutes=long(m))[1]} UTC"),
                       ("hh:mmZ", lambda m: f"{m.group(1)}:{m.group(2)}Z")):
         prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
         if prog:
             yield f"times as {name}", prog
+
+
+def op_time_range_with_the_wrong_end(spec, turns, ref):
+    """Every UTC time in the messages and answers given as a range that ends half an hour after the meeting does
+    ("14:00-15:00 UTC" for a half-hour 1:1, "2-3:30pm UTC" for an hour): the start is right, the end is not."""
+    lengths = _lengths(spec, turns, ref)
+
+    def longer(m):
+        return lengths.get(f"{m.group(1)}:{m.group(2)}", 60) + 30
+    for name, fmt in (("hh:mm-hh:mm UTC", lambda m: f"{_range(m, minutes=longer(m))[0]} UTC"),
+                      ("h-hpm UTC", lambda m: f"{_range(m, minutes=longer(m))[1]} UTC")):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: _UTC_TIME.sub(fmt, t))
+        if prog:
+            yield f"times as {name}, half an hour too long", prog
 
 
 def ctl_utc_as_an_iso_timestamp(spec, turns, ref):
@@ -3975,6 +4036,19 @@ def op_note_left_stale_by_a_later_move(spec, turns, ref):
         yield f"turn {ti} {tool}.{key_of[tool]}: {text!r}, left as it was by turn {later[0][0]}'s move", _program(spec, m)
 
 
+def op_message_gives_a_second_time(spec, turns, ref):
+    """A message that gives the right time or date, then a second one for the same thing two hours or two days off
+    ("... moved to 11:00 UTC. See you at 13:00 UTC."): the reader cannot tell which holds."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        for pattern, later, kind in ((_CLOCK, lambda x: f"See you at {(int(x.group(1)) + 2) % 24:02d}:00 UTC.", "time"),
+                                     (_ISO_DAY, lambda x: f"See you on {datetime.fromisoformat(x.group(0)) + timedelta(days=2):%Y-%m-%d}.", "date")):
+            said = pattern.search(text)
+            if said:
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = text.rstrip() + " " + later(said)
+                yield f"{turns[ti][si][0]}.{k}: + {later(said)!r}", _program(spec, m)
+
+
 def ctl_record_text_states_when(spec, turns, ref):
     """CONTROL: a new or moved meeting or task given a description / notes that says when it is, in other words than
     the reference's ("Wed March 4th, 2-3pm UTC", "14:00-15:00 UTC", "due March 16th", "Moved from 10:00 to 11:00
@@ -4104,6 +4178,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "new_record_text_misstates_when": op_new_record_text_misstates_when,
              "moved_record_text_misstates_when": op_moved_record_text_misstates_when,
              "note_left_stale_by_a_later_move": op_note_left_stale_by_a_later_move,
+             "message_gives_a_second_time": op_message_gives_a_second_time,
+             "time_range_with_the_wrong_end": op_time_range_with_the_wrong_end,
              "record_text_states_when (control)": ctl_record_text_states_when,
              "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number,
              "times_with_a_dot_or_in_hours (control)": ctl_times_with_a_dot_or_in_hours,

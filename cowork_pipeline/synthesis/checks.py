@@ -169,7 +169,7 @@ def _stray_when(text, allowed):
     # times of day: 15:00 (not a range's offset "+01:00", nor 3:00 before "pm"), 3pm, 3:30 p.m., 15h00, 1500 hrs,
     # 1500z, 15.00 utc, noon
     said = []
-    for m in re.finditer("(?<![0-9:.,/+])(?<!:[0-9]{2}-)([01]?[0-9]|2[0-3]):([0-5][0-9])(?![0-9]|[ ]*[ap][.]?m(?![a-z]))", t):
+    for m in re.finditer("(?<![0-9:.,/+])(?<![0-9]:[0-9]{2}:[0-9]{2}-)([01]?[0-9]|2[0-3]):([0-5][0-9])(?![0-9]|[ ]*[ap][.]?m(?![a-z]))", t):
         said = said + [(int(m.group(1)), int(m.group(2)), m.start(), m.end())]
     for m in re.finditer("(?<![0-9:.,/+])(1[0-2]|0?[1-9])(?::([0-5][0-9]))?[ ]*([ap])[.]?m(?![a-z])[.]?", t):
         said = said + [(int(m.group(1)) % 12 + (12 if m.group(3) == "p" else 0), int(m.group(2) or 0), m.start(), m.end())]
@@ -301,6 +301,15 @@ def _greets(text, others):
     else:
         return False  # no salutation (most texts)
     return name.strip("!.:;") in others.split("|")
+
+def _own_words(m):
+    # what the sender wrote: not a reply's or a forward's inherited subject ("Re: Design review moved to 11:00 UTC"),
+    # nor the lines it quotes ("On 2026-03-02, ana@... wrote:", "> could we do 14:00?") or the message it forwards
+    subject = "" if _low(m["subject"]).startswith(("re:", "fw:", "fwd:")) else m["subject"]
+    own = ""
+    for line in str(m["body"]).split("---------- Forwarded message", 1)[0].split(chr(10)):
+        own = own if line.lstrip().startswith(">") or line.rstrip().endswith("wrote:") else own + " " + line
+    return subject + own
 
 def _asks(body):
     own = str(body).split("---------- Forwarded message", 1)[0]  # the sender's own words, not the message forwarded
@@ -659,8 +668,8 @@ def _field_equals(p: dict[str, Any], strict: bool) -> str:
     64650.00 USD") states no other amount than these and the ones they replaced: colleagues read the note too. With
     ``figures`` ("8%", "12 seat"), it states no other percentage and no other count of those things either; with
     ``people`` (names), it names nobody of the world in full but them and the user (not the announcer's namesake); with
-    ``dates`` (ISO dates and HH:MM times: the record's own and those the task's texts give), it states no other date, nor
-    (where ``dates`` has a time) another UTC time of day: "Moved to 15:00 UTC" on a meeting now at 14:00 misleads."""
+    ``when_allowed`` (ISO dates and HH:MM times: the record's own and those the task's texts give), it states no other
+    date, nor (where ``when_allowed`` has a time) another UTC time of day: "Moved to 15:00 UTC" on a meeting now at 14:00 misleads."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
@@ -697,7 +706,7 @@ def _texts_on_the_record(coll: str, rid: str, nums: list[str], p: dict[str, Any]
     item asks for are written out: an empty literal in their place ('' for no figures) would equal other empty
     literals of the source, and the sandbox's skeletons place equal strings on one placeholder (another template)."""
     figures, people = "|".join(p.get("figures") or []), "|".join(n.lower() for n in p.get("people") or [])
-    dates = "|".join(p.get("dates") or [])
+    dates = "|".join(p.get("when_allowed") or [])
     if not (nums or figures or people or dates):
         return ""
     stray = " or ".join((["_stray_amounts(t, said)"] if nums else []) + (["_stray_figures(t, figures)"] if figures else [])
@@ -856,10 +865,13 @@ def _when_test(text: str, p: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _message_tests(text: str, p: dict[str, Any]) -> str:
+def _message_tests(text: str, p: dict[str, Any], own: str = "") -> str:
     """The loop-body guards every message check runs on its text: what it says, what it must not name, no
-    misstatement, its amounts and its date and time."""
-    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _amounts_test(text, p), _when_test(text, p)])
+    misstatement, its amounts and its date and time (and, with ``when_allowed``, no second date or time for the same
+    thing in the sender's ``own`` words, the text by default: "moved to 11:00 UTC ... see you at 13:00 UTC"; see
+    field_equals)."""
+    allowed = f"    if _stray_when({own or text}, {'|'.join(p['when_allowed'])!r}):\n        continue" if p.get("when_allowed") else ""
+    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _amounts_test(text, p), _when_test(text, p), allowed])
 
 
 def _mail_sent(p: dict[str, Any], strict: bool) -> str:
@@ -881,7 +893,7 @@ for m in _sent(ev):
 {"    if not _asks(m['body']):" + chr(10) + "        continue" if p.get("asks") else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
-{_message_tests('m["subject"] + " " + m["body"]', p)}
+{_message_tests('m["subject"] + " " + m["body"]', p, '_own_words(m)')}
     return True
 return False"""
 
@@ -900,7 +912,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not _stray_figures(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
     for k, allowed in sorted((p.get("people") or {}).items()):
         unless += f" and not _stray_people(str(r.get({k!r}) or 0), ev, {'|'.join(n.lower() for n in allowed)!r})" if allowed else ""
-    for k, allowed in sorted((p.get("dates") or {}).items()):  # nor gives its record another date or time (see field_equals)
+    for k, allowed in sorted((p.get("when_allowed") or {}).items()):  # nor gives its record another date or time (see field_equals)
         unless += f" and not _stray_when(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
         unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body')))"
@@ -926,16 +938,16 @@ return False"""
 
 def _event_at(p: dict[str, Any], strict: bool) -> str:
     """A new calendar event with exactly these attendees (the organizer listed too or not) starting at this UTC instant (and, with
-    ``title``, a title that names it: 'Hiring sync with Ana' is fine, 'Misc' is not; with ``dates``, its title and
+    ``title``, a title that names it: 'Hiring sync with Ana' is fine, 'Misc' is not; with ``when_allowed``, its title and
     description give no other date or time: "Budget check-in, 16:00 UTC" on a 15:00 meeting misleads every invitee)."""
     if not strict:
         return "return len(_new(ev, 'calendar.events')) > 0"
     title = f"""
     if not _has(e["title"], {[p['title']]!r}):
         continue""" if p.get("title") else ""
-    if p.get("dates"):  # its title and description give no other date or time than ``dates`` (see field_equals)
+    if p.get("when_allowed"):  # its title and description give no other date or time than these (see field_equals)
         title += f"""
-    if _stray_when(e["title"] + " | " + str(e.get("description") or ""), {'|'.join(p['dates'])!r}):
+    if _stray_when(e["title"] + " | " + str(e.get("description") or ""), {'|'.join(p['when_allowed'])!r}):
         continue"""
     return f"""from datetime import datetime, timezone
 want = datetime.fromisoformat({p['start_utc']!r})

@@ -98,7 +98,8 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
 CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
-        "misstated_value": 4, "misstated_note": 3, "empty_message": 3}  # misstated_note: misstated_value on notes on records
+        "misstated_value": 4, "misstated_note": 3, "second_when": 2, "empty_message": 3}
+# (misstated_note, second_when: misstated_value on notes on records, and a second time in a message about a meeting)
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -349,6 +350,34 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     return out
 
 
+def _second_when(env: EnvironmentSpec, s: Step, known: str) -> tuple[dict[str, Any], str] | None:
+    """The step's message (or answer) about a meeting, right in every value, with a second time for it after them:
+    its first time of day two hours (or more) later ("... moved to 11:00 UTC. See you at 13:00 UTC."), else its first
+    date two days (or more) later, never a time or date ``known`` (the task's texts and calls) gives: its reader cannot
+    tell which holds. A checker that only finds the right time lets it through."""
+    param = MESSAGE_TEXT.get(s.tool)
+    text = s.args.get(param) if param else None
+    if not isinstance(text, str):
+        return None
+    seen = " ".join([known, text, BASE_TIME.date().isoformat()])
+    clock, day = _CLOCK.search(text), _ISO_DATE.search(text)
+    if clock:
+        at = datetime(2026, 1, 1, int(clock.group(1)), int(clock.group(2)))
+        later = next((at + timedelta(hours=h) for h in range(2, 24) if f"{at + timedelta(hours=h):%H:%M}" not in seen
+                      and (at + timedelta(hours=h)).day == 1), None)
+        said = f"See you at {later:%H:%M} UTC." if later else None
+    elif day:
+        try:
+            at = datetime.fromisoformat(day.group(1))
+        except ValueError:
+            return None
+        later = next((at + timedelta(days=d) for d in range(2, 9) if f"{at + timedelta(days=d):%Y-%m-%d}" not in seen), None)
+        said = f"See you on {later:%Y-%m-%d}." if later else None
+    else:
+        return None
+    return ({**s.args, param: text.rstrip() + " " + said}, f"{param} gives a second time after its own ('{said}')") if said else None
+
+
 # Texts the agent writes on a record for colleagues to read later (a deal's or an invoice's note, a task's notes).
 RECORD_TEXT = {"crm_update_deal": "note", "crm_update_invoice": "note", "tasks_create": "notes", "tasks_update": "notes",
                "calendar_create_event": "description", "calendar_update_event": "description",
@@ -587,6 +616,12 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
                 for ti, si, s in noted]
     out.extend(_select(per_site, CAPS["misstated_note"]))
 
+    # a message about a meeting (the task calls the calendar) that gives a second time for it
+    known = _meeting_texts(env, base)
+    per_site = [[variant("misstated_value", ti, si, s, *e)] if known is not None and (e := _second_when(env, s, known)) is not None else []
+                for ti, si, s in effectful]
+    out.extend(_select(per_site, CAPS["second_when"]))
+
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["empty_message"]))
 
@@ -608,6 +643,15 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
         out.append(Mutant("wrong_turn_order", f"do turn {i + 1}'s work in turn {i}, before the world changed",
                           _program(env, turns), REGISTRY[work.tool].service, work.tool))
     return out
+
+
+def _meeting_texts(env: EnvironmentSpec, base: list[list[Step]]) -> str | None:
+    """What the task's texts and calls say (the user's words, its colleagues' changes, every argument), where the task
+    calls the calendar (its messages are about a meeting); None where it does not."""
+    if not any(st.tool.startswith("calendar_") for turn in base for st in turn):
+        return None
+    return " ".join([t.user for t in env.turns] + [str(e.args) for t in env.turns for e in t.events]
+                    + [str(v) for turn in base for st in turn for v in st.args.values()])
 
 
 def _asked(env: EnvironmentSpec, base: list[list[Step]]) -> list[int]:
@@ -667,6 +711,9 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
         if e is not None:
             out.append(answered("empty_message", ti, e[0]["text"], e[1]))
         out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:3])
+        second = _second_when(env, s, known) if (known := _meeting_texts(env, base)) is not None else None
+        if second is not None:
+            out.append(answered("misstated_value", ti, second[0]["text"], second[1]))
         out.extend(answered("wrong_mention", ti, args["text"], what) for args, what in _mention_swaps(env, s, index))
         m = _MONEY.search(said[ti])
         if m is not None:

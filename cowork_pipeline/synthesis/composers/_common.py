@@ -28,7 +28,7 @@ def _at(dt: datetime) -> str:
 
 
 def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = (), was: tuple[str, ...] = ()) -> list[str]:
-    """The ``dates`` parameter of a record's checks: the record's ``own`` dates and times (ISO dates, ISO instants
+    """The ``when_allowed`` parameter of a record's or a message's checks: the record's ``own`` dates and times (ISO dates, ISO instants
     read as their date and HH:MM), the times it ``ends`` (as a range's end only: "14:00-15:00", not "at 15:00"), what
     it ``was`` before a move (only as what it was: "moved from 10:00", not "moved to 10:00") and every ISO date and
     HH:MM time ``texts`` give (the request, the colleague's update, the workspace's today): a note on the record may

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from cowork_pipeline.services._util import matches
 from cowork_pipeline.spec import Event, ProgramTurn, Step, Turn
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, id_shape
-from cowork_pipeline.synthesis.composers._common import V, _at, first, mention, other_names, position, twin_person
+from cowork_pipeline.synthesis.composers._common import V, _at, dates_given, first, mention, other_names, position, twin_person
 from cowork_pipeline.synthesis.embedded import Composition, Ctx, composer
 from cowork_pipeline.synthesis.world import BASE
 
@@ -192,14 +192,15 @@ def next_meeting_question(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("next_given", f"The answer gives the next 1:1: {_slot(day, h)}, in {rooms[0]}",
                  CheckSpec("answer", {"turn": 0, "includes": [rooms[0]], "when": {"date": f"{day:%Y-%m-%d}", "time": f"{h:02d}:00"},
-                                      "excludes": others},
+                                      "excludes": others, "when_allowed": dates_given(user1, f"{BASE:%Y-%m-%d}", own=(one["start"],), ends=(one["end"],))},
                            service="answer"), 2.0, turn=0, extra={"piece": "slot"}),
         ItemPlan("looked_up", "The agent read the 1:1's record (its room) before answering",
                  CheckSpec("looked_up", {"turn": 0, "shows": [one["id"], rooms[0]]}, service="calendar"), 1.0, turn=0,
                  extra={"piece": "slot"}),
         ItemPlan("moved_given", f"After the move the answer gives {_slot(day2, h2)}, in {rooms[2]}",
                  CheckSpec("answer", {"turn": 1, "includes": [rooms[2]], "when": {"date": f"{day2:%Y-%m-%d}", "time": f"{h2:02d}:00"},
-                                      "excludes": others},
+                                      "excludes": others, "when_allowed": dates_given(user2, f"{BASE:%Y-%m-%d}", own=(new.isoformat(),),
+                                                                                      ends=((new + dur).isoformat(),), was=(one["start"], one["end"]))},
                            service="answer"), 2.0, turn=1),
         ItemPlan("looked_again", "The agent read the 1:1 again after it moved",
                  CheckSpec("looked_up", {"turn": 1, "shows": [one["id"], rooms[2]]}, service="calendar"), 1.0, turn=1),

@@ -97,7 +97,7 @@ def schedule_meeting(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("meeting_booked", f"'{topic}' starts {start:%Y-%m-%d %H:%M} UTC for 60 minutes with {names}",
                  CheckSpec("event_at", {"start_utc": start.isoformat(), "minutes": 60, "attendees": emails, "title": topic,
-                                        "dates": dates_given(user, f"{BASE:%Y-%m-%d}", own=(start.isoformat(),),
+                                        "when_allowed": dates_given(user, f"{BASE:%Y-%m-%d}", own=(start.isoformat(),),
                                                              ends=((start + timedelta(hours=1)).isoformat(),))},
                            service="calendar"), 2.0,
                  extra={"piece": "slot"}),

@@ -271,19 +271,19 @@ def onboarding_plan(ctx: Ctx) -> Composition:
     today = f"{BASE:%Y-%m-%d}"  # (a task's notes may give its own due date, the dates the requests give and today's)
     items = [ItemPlan("laptop_task", f"A high-priority task '{laptop}' for me",
                       CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": laptop, "assignee": me["email"], "priority": "high"},
-                                                   "dates": {"notes": dates_given(user1, today)}},
+                                                   "when_allowed": {"notes": dates_given(user1, today)}},
                                 service="tasks"), 1.0, turn=0)]
     for i, (t, d, _) in enumerate(ONBOARDING):  # judged on the world as turn 1 left it (turn 2 moves the due dates)
         items.append(ItemPlan(f"task_{i}", f"At the end of turn 1, '{t}' is assigned to {hire['email']}, due {_day(start + timedelta(days=d))}",
                               CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": t, "assignee": hire["email"],
                                                                                                   "due": _day(start + timedelta(days=d))},
-                                                           "dates": {"notes": dates_given(user1, today, own=(_day(start + timedelta(days=d)),))}},
+                                                           "when_allowed": {"notes": dates_given(user1, today, own=(_day(start + timedelta(days=d)),))}},
                                         service="tasks"), 1.0, turn=0))
     for i, (t, d, _) in enumerate(ONBOARDING):
         items.append(ItemPlan(f"due_{i}", f"'{t}' is due {_day(new_start + timedelta(days=d))}",
                               CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"title": t, "assignee": hire["email"],
                                                                                                   "due": _day(new_start + timedelta(days=d))},
-                                                           "dates": {"notes": dates_given(user2, event.args["text"], today, own=(_day(new_start + timedelta(days=d)),),
+                                                           "when_allowed": {"notes": dates_given(user2, event.args["text"], today, own=(_day(new_start + timedelta(days=d)),),
                                                                                           was=(_day(start + timedelta(days=d)), _day(start)))}},
                                         service="tasks"), 1.0, turn=1))
     items.append(ItemPlan("after_move", "The due dates were moved only after the manager's update",
@@ -496,7 +496,8 @@ def calendar_cancel_notify(ctx: Ctx) -> Composition:
         ItemPlan("cancelled", f"'{title}' on {day:%Y-%m-%d} is cancelled",
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"], "fields": {"status": "cancelled"}}, service="calendar"), 2.0),
         ItemPlan("notice_posted", f"A post in #{chan} says '{title}' on {day:%Y-%m-%d} is cancelled",
-                 CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title], "says": [CANCELLED], "when": {"date": f"{day:%Y-%m-%d}"}},
+                 CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title], "says": [CANCELLED], "when": {"date": f"{day:%Y-%m-%d}"},
+                                           "when_allowed": dates_given(user, f"{BASE:%Y-%m-%d}", own=(evt["start"],), ends=(evt["end"],))},
                            service="chat"), 1.0),
     ]
     return Composition(
