@@ -140,22 +140,25 @@ def _stray_when(text, allowed):
     # one (a task's notes may well say "call at 15:00"); a time on another clock ("16:00 cet") is not judged, nor a
     # date without its month ("3/5" may be a fraction, "the 5th" any month's)
     t = " ".join(_low(text).replace(",", " ").split())
-    if not any(c.isdigit() for c in t) and "noon" not in t and "midday" not in t:
-        return False  # no figure at all (most texts): no regex
     import re
+    if re.search("[0-9]|noon|midday", t) is None:
+        return False  # no figure at all
     ok = allowed.split("|")
     months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
-    month = "(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec)[.]?(?![a-z])"
-    year = "(?:[ ]+(?:of[ ]+)?((?:19|20)[0-9]{2})(?![0-9a-z:]))?"
-    found = []  # (year or "", month, day, either reading, where): 2026-03-05, march 5th 2026, 5 march, 5-mar-2026, 05/03/2026
-    for m in re.finditer("(?<![0-9])([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])", t):
-        found = found + [(m.group(1), int(m.group(2)), int(m.group(3)), 0, m)]
-    for m in re.finditer("(?<![a-z])" + month + "[ ]+([0-9]{1,2})(?:st|nd|rd|th)?(?![0-9a-z:]|[.][0-9])" + year, t):
-        found = found + [(m.group(3) or "", months.index(m.group(1)[:3]) + 1, int(m.group(2)), 0, m)]
-    for m in re.finditer("(?<![0-9a-z.:/])([0-9]{1,2})(?:st|nd|rd|th)?(?:[ ]+(?:of[ ]+)?|-)" + month + "(?:-([0-9]{4})(?![0-9])|" + year + ")", t):
-        found = found + [(m.group(3) or m.group(4) or "", months.index(m.group(2)[:3]) + 1, int(m.group(1)), 0, m)]
-    for m in re.finditer("(?<![0-9./])([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])", t):
-        found = found + [(m.group(3), int(m.group(2)), int(m.group(1)), 1, m)]
+    found = []  # (year or "", month, day, either reading, where): 2026-03-05, 05/03/2026, march 5th 2026, 5 march, 5-mar-2026
+    # (one expression per kind, each starting where its figures do: a checker runs this on every message it reads)
+    for m in re.finditer("(?<![0-9./])(?:([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})|([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4}))(?![0-9])", t):
+        found = found + [(m.group(1), int(m.group(2)), int(m.group(3)), 0, m) if m.group(1) else (m.group(6), int(m.group(5)), int(m.group(4)), 1, m)]
+    named = False
+    for x in months:
+        named = named or x in t
+    if named:
+        month = "(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec)[.]?(?![a-z])"
+        year = "(?:[ ]+(?:of[ ]+)?((?:19|20)[0-9]{2})(?![0-9a-z:]))?"
+        for m in re.finditer("(?<![a-z])" + month + "[ ]+([0-9]{1,2})(?:st|nd|rd|th)?(?![0-9a-z:]|[.][0-9])" + year, t):
+            found = found + [(m.group(3) or "", months.index(m.group(1)[:3]) + 1, int(m.group(2)), 0, m)]
+        for m in re.finditer("(?<![0-9a-z.:/])([0-9]{1,2})(?:st|nd|rd|th)?(?:[ ]+(?:of[ ]+)?|-)" + month + "(?:-([0-9]{4})(?![0-9])|" + year + ")", t):
+            found = found + [(m.group(3) or m.group(4) or "", months.index(m.group(2)[:3]) + 1, int(m.group(1)), 0, m)]
     for y, mo, d, either, m in found:
         right = False
         for a in ok:
@@ -164,21 +167,29 @@ def _stray_when(text, allowed):
                 right = right or a == iso or _was(t, m.start(), m.end())
         if not right:
             return True
-    if not any(len(a.lstrip("<")) in (5, 7) for a in ok):
+    timed = False  # (loops, not generator expressions: each nested code object adds to a checker's instantiation)
+    for a in ok:
+        timed = timed or len(a.lstrip("<")) in (5, 7)
+    if not timed:
         return False
-    # times of day: 15:00 (not a range's offset "+01:00", nor 3:00 before "pm"), 3pm, 3:30 p.m., 15h00, 1500 hrs,
-    # 1500z, 15.00 utc, noon
+    # times of day: 15:00 (not an offset "-05:00" after seconds), 3pm, 3:30 p.m., 15h00, 1500 hrs, 1500z, 15.00 utc
+    # (labelled: "15.00" alone may be an amount), noon
     said = []
-    for m in re.finditer("(?<![0-9:.,/+])(?<![0-9]:[0-9]{2}:[0-9]{2}-)([01]?[0-9]|2[0-3]):([0-5][0-9])(?![0-9]|[ ]*[ap][.]?m(?![a-z]))", t):
-        said = said + [(int(m.group(1)), int(m.group(2)), m.start(), m.end())]
-    for m in re.finditer("(?<![0-9:.,/+])(1[0-2]|0?[1-9])(?::([0-5][0-9]))?[ ]*([ap])[.]?m(?![a-z])[.]?", t):
-        said = said + [(int(m.group(1)) % 12 + (12 if m.group(3) == "p" else 0), int(m.group(2) or 0), m.start(), m.end())]
-    for m in re.finditer("(?<![0-9a-z:.,/+-])([01]?[0-9]|2[0-3])(h|[.]?)([0-5][0-9])(?![0-9])", t):
-        labelled = re.match("[ ]?(?:hrs|hours|z|utc|gmt)(?![a-z])", t[m.end():m.end() + 6]) is not None
-        if m.group(2) == "h" or (labelled and (m.group(2) == "." or len(m.group(1)) == 2)):  # (1500 hrs, not 900 hrs)
-            said = said + [(int(m.group(1)), int(m.group(3)), m.start(), m.end())]
-    for m in re.finditer("(?<![a-z])(?:noon|midday)(?![a-z])", t):
-        said = said + [(12, 0, m.start(), m.end())]
+    for m in re.finditer("(?<![0-9:.,/+])(?<![0-9]:[0-9]{2}:[0-9]{2}-)([0-9]{1,2})(?:(:|h|[.])([0-9]{2})|([0-9]{2}))?(?![0-9])([ ]*([ap])[.]?m(?![a-z])[.]?)?", t):
+        h, sep, mi = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4) or 0)
+        word = m.start() > 0 and (t[m.start() - 1].isalpha() or t[m.start() - 1] == "-")
+        if m.group(5):  # 3pm, 3:30 p.m., 03pm
+            if 1 <= h <= 12 and sep in (None, ":") and m.group(4) is None and mi < 60:
+                said = said + [(h % 12 + (12 if m.group(6) == "p" else 0), mi, m.start(), m.end())]
+        elif h > 23 or mi > 59 or sep is None and m.group(4) is None:
+            continue
+        elif sep == ":" or (sep == "h" and not word):
+            said = said + [(h, mi, m.start(), m.end())]
+        elif not word and (sep == "." or len(m.group(1)) == 2) and re.match("[ ]?(?:hrs|hours|z|utc|gmt)(?![a-z])", t[m.end():m.end() + 6]):
+            said = said + [(h, mi, m.start(), m.end())]  # (1500 hrs, 15.00 utc; not 900 hrs)
+    if "noon" in t or "midday" in t:
+        for m in re.finditer("(?<![a-z])(?:noon|midday)(?![a-z])", t):
+            said = said + [(12, 0, m.start(), m.end())]
     for h, mi, start, end in said:
         hm = str(h).zfill(2) + ":" + str(mi).zfill(2)
         if hm in ok or _zoned(t[end:end + 40]):
