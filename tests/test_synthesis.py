@@ -324,6 +324,11 @@ def test_a_message_about_a_meeting_gives_no_second_time():
                   "The design review is moved to 2026-03-05 at 11:00-12:00 UTC.", "The design review moves to 11:00 UTC on 2026-03-05, not 2026-03-06."]:
         assert not _run_check(code, _sent_evidence("Design review moved", wrong)), wrong
     assert not _run_check(code, _sent_evidence("Design review moved to 10:00 UTC", "The design review is at 11:00 UTC on 2026-03-05."))
+    # a move's "from 10:00 to 11:00" states the time it moves to; a range's "10:00 to 11:00" does not state its end as its start
+    plain = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["design review"], "when": {"date": "2026-03-05", "time": "11:00"}}))
+    for ok in ["The design review is moved from 10:00 to 11:00 UTC on 2026-03-05.", "We rescheduled the design review from 10am to 11am UTC, 2026-03-05."]:
+        assert _run_check(plain, _sent_evidence("Design review", ok)) and _run_check(code, _sent_evidence("Design review", ok)), ok
+    assert not _run_check(plain, _sent_evidence("Design review", "The design review runs 10:00 to 11:00 UTC on 2026-03-05."))
 
 
 def test_messages_naming_another_record_fail_at_word_edges():
@@ -1352,6 +1357,23 @@ def test_a_checker_that_wants_the_reference_date_verbatim_is_overstrict(validato
     [d] = cert.diagnostics
     assert d.code == "overstrict_checker" and d.item == item and "dates in messages written in words" in d.message, d
     assert validator.certify(planted(spec)).certified
+
+
+def test_a_checker_that_wants_no_note_on_the_meeting_is_overstrict(validator, outcomes):
+    """certify-17: the equivalent variant gives a new meeting the reference leaves without a description one that says
+    its own day and time ("Budget check-in: March 4, 2026, 14:00 UTC."), so a booking check that wants the description
+    empty, as the reference left it, is caught as overstrict, and nothing else about it is reported; the generated
+    check itself (which reads the description for another time) passes that variant."""
+    spec = certified_spec(outcomes, "schedule_meeting")
+    item = "meeting_booked"
+    [original] = [r.code for r in spec.rubric if r.id == item]
+    code = (original.replace("def check(ev):", "def _generated(ev):") + "\n\ndef check(ev):\n"
+            "    new = [e for k, e in ev['final'].get('calendar.events', {}).items() if k in ev['diff'].get('calendar.events', {}).get('added', {})]\n"
+            "    return _generated(ev) and all(not e.get('description') for e in new)\n")
+    cert = validator.certify(planted(with_item_code(spec, item, code)))
+    assert cert.reference_pass and not cert.certified and not cert.equivalent_pass
+    [d] = cert.diagnostics
+    assert d.code == "overstrict_checker" and d.item == item and "says its own day and time" in d.message, d
 
 
 def test_a_checker_that_wants_the_attendee_list_as_the_reference_wrote_it_is_overstrict(validator, outcomes):
@@ -4049,6 +4071,26 @@ def op_message_gives_a_second_time(spec, turns, ref):
                 yield f"{turns[ti][si][0]}.{k}: + {later(said)!r}", _program(spec, m)
 
 
+def ctl_move_notice_from_to(spec, turns, ref):
+    """CONTROL: a message about a meeting the turn moves gives the new time as a move from the old one ("... at 15:00
+    UTC" -> "..., moved from 09:00 to 15:00 UTC"), the only place it states the new time. Must still pass."""
+    m, said = copy.deepcopy(turns), []
+    for ti, si in _write_sites(turns):
+        tool, args, _r = turns[ti][si]
+        if tool != "calendar_update_event" or not isinstance(args.get("start"), str):
+            continue
+        old = str(_record_before(spec, turns, ti, si, args).get("start") or "")[11:16]
+        new = datetime.fromisoformat(args["start"].replace("Z", "+00:00")).astimezone(timezone.utc).strftime("%H:%M")
+        for sj, (t2, a2, _r2) in enumerate(turns[ti]):
+            for k in TEXT_PARAMS:
+                text = a2.get(k) if t2 in ("mail_send", "mail_reply", "chat_post_message") else None
+                if old and isinstance(text, str) and re.search(rf"\bat {new} UTC", text):
+                    m[ti][sj][1][k] = re.sub(rf"\bat {new} UTC", f", moved from {old} to {new} UTC", text, count=1)
+                    said.append(f"{t2}.{k}: {m[ti][sj][1][k][:70]!r}")
+    if said:
+        yield "; ".join(said)[:160], _program(spec, m)
+
+
 def ctl_record_text_states_when(spec, turns, ref):
     """CONTROL: a new or moved meeting or task given a description / notes that says when it is, in other words than
     the reference's ("Wed March 4th, 2-3pm UTC", "14:00-15:00 UTC", "due March 16th", "Moved from 10:00 to 11:00
@@ -4181,6 +4223,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "message_gives_a_second_time": op_message_gives_a_second_time,
              "time_range_with_the_wrong_end": op_time_range_with_the_wrong_end,
              "record_text_states_when (control)": ctl_record_text_states_when,
+             "move_notice_from_to (control)": ctl_move_notice_from_to,
              "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number,
              "times_with_a_dot_or_in_hours (control)": ctl_times_with_a_dot_or_in_hours,
              "time_with_a_dot_or_in_hours_off": op_time_with_a_dot_or_in_hours_off}

@@ -393,7 +393,11 @@ def _mentions(text, forms, word="0-9a-z", when=""):
                     return True
                 before = t[max(0, m.start() - 16):m.start()]
                 if ("-" in before or "t" in before) and re.search("(?<![0-9/.:-])(?:[0-9]{1,2}:[0-9]{2}[ ]*|[0-9]{1,2}[ ]*[ap][.]?m[.]?[ ]*|[0-9]{1,2}(?=-))(?:-|to|until|till)[ ]*$", before):
-                    continue  # a range's end, "14:00-15:00", "2-3pm": not the time it starts
+                    # a range's end, "14:00-15:00", "2-3pm": not the time it starts; but a move's "from 10:00 to 11:00"
+                    # ("moved ... from 10:00 to 11:00", "rescheduled from 10am to 11am") gives the time it moves to
+                    # (not where the move already said where to: "moves to march 5 from 2 pm to 3 pm" is a range)
+                    if re.search("(?:mov|reschedul|push|shift|chang|bump)[a-z]*(?:[ ]+(?!to[ ])[^ ]+){0,5}?[ ]+from[ ]+[^ ]+(?:[ ]+(?:utc|[ap][.]?m[.]?))?[ ]+to[ ]*$", t[max(0, m.start() - 80):m.start()]) is None:
+                        continue
                 if _zoned(t[m.end():m.end() + 40]):
                     return False  # a utc time given on another clock anywhere in the text: another instant
                 said = True

@@ -350,7 +350,7 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     return out
 
 
-def _second_when(env: EnvironmentSpec, s: Step, known: str) -> tuple[dict[str, Any], str] | None:
+def _second_when(s: Step, known: str) -> tuple[dict[str, Any], str] | None:
     """The step's message (or answer) about a meeting, right in every value, with a second time for it after them:
     its first time of day two hours (or more) later ("... moved to 11:00 UTC. See you at 13:00 UTC."), else its first
     date two days (or more) later, never a time or date ``known`` (the task's texts and calls) gives: its reader cannot
@@ -427,10 +427,10 @@ WHEN_ARG = {"calendar_create_event": "start", "calendar_update_event": "start", 
 def _misstated_when(env: EnvironmentSpec, s: Step, involved: str, before: dict[str, Any]) -> tuple[str, str] | None:
     """A line for the step's record text that states its day or time wrong. A move (the record ``before`` the step had
     another start or due date): its old time or date as its time ("Design review: 2026-03-05 at 10:00 UTC." on a
-    meeting moved from 10:00 to 11:00: a note a move left stale), unless the task's texts give it. Else: the start an hour (or more) later the
-    same day ("Hiring sync: 2026-03-04 at 16:00 UTC." on a 15:00 meeting), the due date a day (or more) later ("Due
-    2026-03-17." on a task due the 16th), never a time or date the task itself gives (its request, its colleagues'
-    updates, today): the note may name those. None where the step sets no day."""
+    meeting moved from 10:00 to 11:00: a note a move left stale), unless the task's texts give it. Else: the start an
+    hour (or more) later the same day ("Hiring sync: 2026-03-04 at 16:00 UTC." on a 15:00 meeting), the due date a day
+    (or more) later ("Due 2026-03-17." on a task due the 16th), never a time or date the task itself gives (its
+    request, its colleagues' updates, today): the note may name those. None where the step sets no day."""
     key = WHEN_ARG.get(s.tool, "")
     when = s.args.get(key)
     if not isinstance(when, str) or len(when) < 10:
@@ -618,7 +618,7 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
 
     # a message about a meeting (the task calls the calendar) that gives a second time for it
     known = _meeting_texts(env, base)
-    per_site = [[variant("misstated_value", ti, si, s, *e)] if known is not None and (e := _second_when(env, s, known)) is not None else []
+    per_site = [[variant("misstated_value", ti, si, s, *e)] if known is not None and (e := _second_when(s, known)) is not None else []
                 for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["second_when"]))
 
@@ -702,6 +702,8 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
     recs += [e.args for t in env.turns for e in t.events]
     places = sorted({v for r in recs for f in _VALUE_FIELDS for v in [r.get(f)] if isinstance(v, str) and len(v) >= 3}) if asked else []
 
+    known = _meeting_texts(env, base) if asked else None
+
     def answered(op: str, ti: int, text: str, what: str) -> Mutant:
         return Mutant(op, f"answer in turn {ti}: {what}", _program(env, base, {ti: text}), "answer", ANSWER, meta={"turn": ti})
 
@@ -711,7 +713,7 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
         if e is not None:
             out.append(answered("empty_message", ti, e[0]["text"], e[1]))
         out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:3])
-        second = _second_when(env, s, known) if (known := _meeting_texts(env, base)) is not None else None
+        second = _second_when(s, known) if known is not None else None
         if second is not None:
             out.append(answered("misstated_value", ti, second[0]["text"], second[1]))
         out.extend(answered("wrong_mention", ti, args["text"], what) for args, what in _mention_swaps(env, s, index))
@@ -771,9 +773,11 @@ def _other_offset(v: str) -> str:
 def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
     """The reference's work done another correct way, which every item must still pass: each read-only
     call made twice, date-times given as the same instants in another UTC offset, amounts and dates in messages
-    written as people write them ($18,814.00, March 5, 2026), the organizer listed among a new event's attendees.
-    A checker that fails it is overfitted to the reference's exact calls or strings (it counts look-ups, compares
-    times as text, looks for "18814.00" or "2026-03-05", wants the attendee list as the reference wrote it)."""
+    written as people write them ($18,814.00, March 5, 2026), the organizer listed among a new event's attendees, a
+    meeting or a task that the reference leaves without a note given one that says its own day and time ("Hiring sync:
+    March 4, 2026, 15:00 UTC.", "Due March 16, 2026."). A checker that fails it is overfitted to the reference's exact
+    calls or strings (it counts look-ups, compares times as text, looks for "18814.00" or "2026-03-05", wants the
+    attendee list as the reference wrote it, or the note empty)."""
     turns: list[list[Step]] = []
     what: set[str] = set()
     me = _my_email(env)
@@ -785,6 +789,10 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
                 steps.append(s)
                 continue
             args = dict(s.args)
+            note = _own_when_note(s)
+            if note is not None:
+                args[RECORD_TEXT[s.tool]] = note
+                what.add("a note on a meeting or a task that says its own day and time")
             for p in tool.params:
                 v = args.get(p.name)
                 if p.format == "date-time" and isinstance(v, str) and _other_offset(v) != v:
@@ -824,6 +832,23 @@ def equivalent(env: EnvironmentSpec, base: list[list[Step]]) -> Mutant | None:
     if not what:
         return None
     return Mutant("equivalent", "the reference done another correct way: " + ", ".join(sorted(what)), _program(env, turns, answers))
+
+
+def _own_when_note(s: Step) -> str | None:
+    """A note for a meeting or a task the step writes without one, saying its own day (and time) in words ("Hiring sync:
+    March 4, 2026, 15:00 UTC."); None where the step writes a note or sets no day."""
+    when = s.args.get(WHEN_ARG.get(s.tool, ""))
+    if not isinstance(when, str) or len(when) < 10 or s.args.get(RECORD_TEXT.get(s.tool, "")):
+        return None
+    try:
+        at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if len(when) < 16:
+        return f"Due {_in_words(when[:10])}."
+    at = at.astimezone(timezone.utc) if at.tzinfo else at
+    lead = "Now" if s.tool.endswith("update_event") else str(s.args.get("title") or "Meeting") + ":"
+    return f"{lead} {_in_words(at.date().isoformat())}, {at:%H:%M} UTC."
 
 
 def _in_words(iso: str, years: int = 0) -> str:
