@@ -324,6 +324,15 @@ def test_a_message_about_a_meeting_gives_no_second_time():
                   "The design review is moved to 2026-03-05 at 11:00-12:00 UTC.", "The design review moves to 11:00 UTC on 2026-03-05, not 2026-03-06."]:
         assert not _run_check(code, _sent_evidence("Design review moved", wrong)), wrong
     assert not _run_check(code, _sent_evidence("Design review moved to 10:00 UTC", "The design review is at 11:00 UTC on 2026-03-05."))
+    # the ways people say what the time was: before it ("previously", "instead of", "the old 10:00 slot") or after it
+    for ok in ["The design review: new time 11:00 UTC (previously 10:00 UTC) on 2026-03-05.",
+               "The design review now starts at 11:00 UTC on March 5 instead of 10:00.",
+               "Confirmed: 2026-03-05, 11:00-11:30 UTC. The 10:00 slot is cancelled.",
+               "The design review (Thu 5 Mar) is moved to 11:00-11:30 UTC; the old 10:00 slot is released."]:
+        assert _run_check(code, _sent_evidence("Design review", ok)), ok
+    for wrong in ["The design review is now at 11:00 UTC on 2026-03-05; the 10:00 slot stays.",
+                  "The design review moved to 10:00 UTC on 2026-03-05, i.e. 11:00 UTC."]:
+        assert not _run_check(code, _sent_evidence("Design review", wrong)), wrong
     # a move's "from 10:00 to 11:00" states the time it moves to; a range's "10:00 to 11:00" does not state its end as its start
     plain = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["design review"], "when": {"date": "2026-03-05", "time": "11:00"}}))
     for ok in ["The design review is moved from 10:00 to 11:00 UTC on 2026-03-05.", "We rescheduled the design review from 10am to 11am UTC, 2026-03-05."]:

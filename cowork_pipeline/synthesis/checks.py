@@ -203,9 +203,9 @@ def _stray_when(text, allowed):
 def _was(t, start, end):
     # the value at t[start:end] is what the record was, not what it is: the nearest pointing word before it points
     # back ("moved from 15:00", "was 15:00", "instead of 15:00"; not "moved to 15:00", "now 15:00"), or the words after
-    # it say so ("15:00 did not work", "15:00 is out")
+    # it say so ("15:00 did not work", "15:00 is out", "the 15:00 slot is cancelled")
     import re
-    if re.match("[ ]*(?:[(]?utc[)]?[ ]*)?(?:did not|didn't|does not|doesn't|no longer|is out|was|won't|will not)(?![a-z])", t[end:end + 24]):
+    if re.match("[ ]*(?:[(]?utc[)]?[ ]*)?(?:(?:slot|one|time)[ ]+)?(?:did not|didn't|does not|doesn't|no longer|is out|was|won't|will not|is (?:cancell?ed|released|freed|off|dropped|gone))(?![a-z])", t[end:end + 32]):
         return True
     back = "from was were previously originally formerly instead not longer old earlier moved replaces replaced".split()
     ahead = "to now at on due until till is by for new starts start becomes".split()
