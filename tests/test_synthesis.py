@@ -328,7 +328,8 @@ def test_a_message_about_a_meeting_gives_no_second_time():
     for ok in ["The design review: new time 11:00 UTC (previously 10:00 UTC) on 2026-03-05.",
                "The design review now starts at 11:00 UTC on March 5 instead of 10:00.",
                "Confirmed: 2026-03-05, 11:00-11:30 UTC. The 10:00 slot is cancelled.",
-               "The design review (Thu 5 Mar) is moved to 11:00-11:30 UTC; the old 10:00 slot is released."]:
+               "The design review (Thu 5 Mar) is moved to 11:00-11:30 UTC; the old 10:00 slot is released.",
+               "The design review is now Thu 2026-03-05, 11:00-11:30 am UTC."]:  # (a range's shared am/pm: both ends)
         assert _run_check(code, _sent_evidence("Design review", ok)), ok
     for wrong in ["The design review is now at 11:00 UTC on 2026-03-05; the 10:00 slot stays.",
                   "The design review moved to 10:00 UTC on 2026-03-05, i.e. 11:00 UTC."]:

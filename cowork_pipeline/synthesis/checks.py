@@ -173,8 +173,9 @@ def _stray_when(text, allowed):
     if not timed:
         return False
     # times of day: 15:00 (not an offset "-05:00" after seconds), 3pm, 3:30 p.m., 15h00, 1500 hrs, 1500z, 15.00 utc
-    # (labelled: "15.00" alone may be an amount), noon
+    # (labelled: "15.00" alone may be an amount), noon; a range's shared am/pm read at both ends ("2:00-2:30 pm")
     said = []
+    t = _ampm_ranges(t)
     for m in re.finditer("(?<![0-9:.,/+])(?<![0-9]:[0-9]{2}:[0-9]{2}-)([0-9]{1,2})(?:(:|h|[.])([0-9]{2})|([0-9]{2}))?(?![0-9])([ ]*([ap])[.]?m(?![a-z])[.]?)?", t):
         h, sep, mi = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4) or 0)
         word = m.start() > 0 and (t[m.start() - 1].isalpha() or t[m.start() - 1] == "-")
@@ -353,10 +354,8 @@ def _mentions(text, forms, word="0-9a-z", when=""):
     t = " ".join(_low(text).replace(",", " ").split())
     import re
     utc = when == "time"
-    if utc and "-" in t and ("pm" in t or "am" in t or ".m" in t) and re.search("[0-9][ ]*[ap][.]?m(?![a-z])", t):  # a range sharing its am/pm, "3-3:30pm", gives both ends: "3pm-3:30pm"
-        # (a bare start only right at the dash: in "march 5 - 3pm" the 5 is a day)
-        t = re.sub("(?<![0-9:./-])([0-9]{1,2}:[0-9]{2}[ ]*-[ ]*|[0-9]{1,2}-)([0-9]{1,2}(?::[0-9]{2})?)[ ]*([ap][.]?m[.]?)(?![a-z])",
-                   lambda m: m.group(1).rstrip(" -") + m.group(3) + "-" + m.group(2) + m.group(3), t)
+    if utc:
+        t = _ampm_ranges(t)
     for attempt in (0, 1):
         if attempt:
             # not said as written: "05 mar", "sept 3", "3-sep-2026", "noon", "1500z" read as "5 mar", "sep 3", "3 sep 2026",
@@ -404,6 +403,17 @@ def _mentions(text, forms, word="0-9a-z", when=""):
         if said or not when:
             return said
     return False
+
+def _ampm_ranges(t):
+    # a range sharing its am/pm, "3-3:30pm", "2:00-2:30 pm", gives both ends: "3pm-3:30pm"
+    # (a bare start only right at the dash: in "march 5 - 3pm" the 5 is a day)
+    if "-" not in t or not ("pm" in t or "am" in t or ".m" in t):
+        return t  # (most texts): no regex
+    import re
+    if re.search("[0-9][ ]*[ap][.]?m(?![a-z])", t) is None:
+        return t
+    return re.sub("(?<![0-9:./-])([0-9]{1,2}:[0-9]{2}[ ]*-[ ]*|[0-9]{1,2}-)([0-9]{1,2}(?::[0-9]{2})?)[ ]*([ap][.]?m[.]?)(?![a-z])",
+                  lambda m: m.group(1).rstrip(" -") + m.group(3) + "-" + m.group(2) + m.group(3), t)
 
 def _zoned(after):
     # a time of day labelled with a zone other than utc: "15:00 cet", "3pm et", "15:00 local time", "15:00 your time", "15:00:00+01:00",

@@ -473,6 +473,7 @@ def calendar_cancel_notify(ctx: Ctx) -> Composition:
     wb.add_event(f"Lunch with {first(people[0]['name'])}", day.replace(hour=12), 60, [emails[0]])
     for k in range(ctx.near_duplicates):  # the same recurring meeting on other days
         wb.add_event(title, day.replace(hour=hour) + timedelta(days=7 * (k + 1)), 60, emails)
+    series = [f"{day + timedelta(days=7 * (k + 1)):%Y-%m-%d}" for k in range(ctx.near_duplicates)]  # (a notice may say the next one stays)
     if ctx.flaw("conflict"):  # the generator left the meeting already cancelled
         evt["status"] = "cancelled"
     channel = wb.add_channel(chan, [me["email"]] + emails)
@@ -497,7 +498,7 @@ def calendar_cancel_notify(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"], "fields": {"status": "cancelled"}}, service="calendar"), 2.0),
         ItemPlan("notice_posted", f"A post in #{chan} says '{title}' on {day:%Y-%m-%d} is cancelled",
                  CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title], "says": [CANCELLED], "when": {"date": f"{day:%Y-%m-%d}"},
-                                           "when_allowed": dates_given(user, f"{BASE:%Y-%m-%d}", own=(evt["start"],), ends=(evt["end"],))},
+                                           "when_allowed": dates_given(user, f"{BASE:%Y-%m-%d}", *series, own=(evt["start"],), ends=(evt["end"],))},
                            service="chat"), 1.0),
     ]
     return Composition(
