@@ -3998,22 +3998,26 @@ def op_record_text_names_a_namesake(spec, turns, ref):
 def op_new_record_text_misstates_when(spec, turns, ref):
     """A new event or task given a description / notes (none in the reference) that states its time an hour late
     or its date a day late ("Budget check-in, 16:00 UTC" for a 15:00 meeting): the invite's text misleads."""
+    def late(args, when):
+        if "T" in when:
+            return f"{args.get('title', '')}: {_shift(when, 1)[:10]} at {_shift(when, 1)[11:16]} UTC."
+        return f"{args.get('title', '')}: due {(datetime.fromisoformat(when) + timedelta(days=1)).strftime('%Y-%m-%d')}."
+    yield from _noted_when(spec, turns, {"calendar_create_event": "description", "tasks_create": "notes"}, late)
+
+
+def _noted_when(spec, turns, keys, note):
+    """(description, program) for each write of ``keys``' tools that sets a day (start, due) and leaves its note
+    (``keys[tool]``) empty, with ``note(args, when)`` written there instead."""
     for ti, si in _write_sites(turns):
         tool, args, _ = turns[ti][si]
-        key = {"calendar_create_event": "description", "tasks_create": "notes"}.get(tool)
-        if key is None or args.get(key):
-            continue
+        key = keys.get(tool)
         when = args.get("start") or args.get("due")
-        if not isinstance(when, str):
+        if key is None or args.get(key) or not isinstance(when, str):
             continue
-        if "T" in when:
-            late = _shift(when, 1)
-            text = f"{args.get('title', '')}: {late[:10]} at {late[11:16]} UTC."
-        else:
-            text = f"{args.get('title', '')}: due {(datetime.fromisoformat(when) + timedelta(days=1)).strftime('%Y-%m-%d')}."
         m = copy.deepcopy(turns)
-        m[ti][si][1][key] = text
+        m[ti][si][1][key] = text = note(args, when)
         yield f"{tool}.{key}: {text!r}", _program(spec, m)
+
 
 def _record_before(spec, turns, ti, si, args):
     """The record an update step changes as it was before the step: the world's, or what an earlier step of the run
@@ -4032,19 +4036,11 @@ def _record_before(spec, turns, ti, si, args):
 def op_moved_record_text_misstates_when(spec, turns, ref):
     """A moved meeting or task given a description / notes saying when it now is, two hours or two days off
     ("Moved to 17:00 UTC." for a meeting moved to 15:00): colleagues read the wrong time on the record."""
-    for ti, si in _write_sites(turns):
-        tool, args, _ = turns[ti][si]
-        key = {"calendar_update_event": "description", "tasks_update": "notes"}.get(tool)
-        when = args.get("start") or args.get("due")
-        if key is None or args.get(key) or not isinstance(when, str):
-            continue
+    def off(args, when):
         if "T" in when:
-            text = f"Moved to {_shift(when, 2)[11:16]} UTC."
-        else:
-            text = f"Moved: now due {(datetime.fromisoformat(when) + timedelta(days=2)).strftime('%Y-%m-%d')}."
-        m = copy.deepcopy(turns)
-        m[ti][si][1][key] = text
-        yield f"{tool}.{key}: {text!r}", _program(spec, m)
+            return f"Moved to {_shift(when, 2)[11:16]} UTC."
+        return f"Moved: now due {(datetime.fromisoformat(when) + timedelta(days=2)).strftime('%Y-%m-%d')}."
+    yield from _noted_when(spec, turns, {"calendar_update_event": "description", "tasks_update": "notes"}, off)
 
 
 def op_note_left_stale_by_a_later_move(spec, turns, ref):
