@@ -693,8 +693,9 @@ def _field_equals(p: dict[str, Any], strict: bool) -> str:
     64650.00 USD") states no other amount than these and the ones they replaced: colleagues read the note too. With
     ``figures`` ("8%", "12 seat"), it states no other percentage and no other count of those things either; with
     ``people`` (names), it names nobody of the world in full but them and the user (not the announcer's namesake); with
-    ``when_allowed`` (ISO dates and HH:MM times: the record's own and those the task's texts give), it states no other
-    date, nor (where ``when_allowed`` has a time) another UTC time of day: "Moved to 15:00 UTC" on a meeting now at 14:00 misleads."""
+    ``when_allowed`` (ISO dates and HH:MM times: the record's own, its end as "..HH:MM", what it was before a move as
+    "<HH:MM", and those the task's texts give; see ``dates_given``), it states no other date, nor (where
+    ``when_allowed`` has a time) another UTC time of day: "Moved to 15:00 UTC" on a meeting now at 14:00 misleads."""
     coll, rid, fields = p["collection"], p["id"], p["fields"]
     if not strict:  # lax: "the record was touched" (a typical generated-checker mistake)
         return f"return {rid!r} in ev['diff'].get({coll!r}, {{}}).get('changed', {{}})"
