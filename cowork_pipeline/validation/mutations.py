@@ -441,7 +441,7 @@ def _misstated_when(env: EnvironmentSpec, s: Step, involved: str, before: dict[s
     except ValueError:
         return None
     title = s.args.get("title") or before.get("title") or "Meeting"
-    given = " ".join([t.user for t in env.turns] + [str(e.args) for t in env.turns for e in t.events] + [BASE_TIME.date().isoformat()])
+    given = _given(env) + " " + BASE_TIME.date().isoformat()
     seen = involved + " " + given
     if len(when) >= 16:  # a date-time
         at = at.astimezone(timezone.utc) if at.tzinfo else at
@@ -650,8 +650,12 @@ def _meeting_texts(env: EnvironmentSpec, base: list[list[Step]]) -> str | None:
     calls the calendar (its messages are about a meeting); None where it does not."""
     if not any(st.tool.startswith("calendar_") for turn in base for st in turn):
         return None
-    return " ".join([t.user for t in env.turns] + [str(e.args) for t in env.turns for e in t.events]
-                    + [str(v) for turn in base for st in turn for v in st.args.values()])
+    return " ".join([_given(env)] + [str(v) for turn in base for st in turn for v in st.args.values()])
+
+
+def _given(env: EnvironmentSpec) -> str:
+    """What the task's texts say: the user's words and its colleagues' changes (the world events)."""
+    return " ".join([t.user for t in env.turns] + [str(e.args) for t in env.turns for e in t.events])
 
 
 def _asked(env: EnvironmentSpec, base: list[list[Step]]) -> list[int]:
