@@ -402,6 +402,31 @@ def test_skeleton_is_learnt_from_its_second_source() -> None:
     assert compiler.compile("def check(ev):\n    return 'b' +\n").startswith("SyntaxError")  # nothing learnt from errors
 
 
+def test_instances_of_a_skeleton_share_the_code_of_their_common_helpers() -> None:
+    """A helper whose strings are the same in two sources of one template is one code object for both (made once);
+    a function with another string is made anew, and every instance returns its own result."""
+    from types import CodeType
+
+    from cowork_pipeline.validation.sandbox import _CheckerCompiler, _State
+
+    compiler = _CheckerCompiler(_State())
+    template = "def norm(x):\n    return x.strip().lower().replace('-', ' ')\n\ndef check(ev):\n    return norm(ev.get(%r, '')) == %r\n"
+    codes = [compiler.compile(template % (k, v))[0] for k, v in (("a", "x y"), ("b", "p q"), ("c", "r s"), ("a", "t u"))]
+    assert compiler.instantiated == 3
+
+    def nested(code: CodeType) -> dict[str, CodeType]:
+        return {c.co_name: c for c in code.co_consts if isinstance(c, CodeType)}
+
+    helpers = [nested(c)["norm"] for c in codes[1:]]
+    checks = [nested(c)["check"] for c in codes[1:]]
+    assert helpers[0] is helpers[1] is helpers[2]
+    assert len({id(c) for c in checks}) == 3
+    for code, (k, v, want) in zip(codes, (("a", "X-Y", True), ("b", "p q", True), ("c", "r-t", False), ("a", "t-u", True))):
+        g: dict = {}
+        exec(code, g)
+        assert g["check"]({k: v}) is want
+
+
 def test_skeleton_compiler_rejects_what_it_cannot_read_exactly() -> None:
     from cowork_pipeline.validation.sandbox import _skeleton
 
@@ -409,7 +434,34 @@ def test_skeleton_compiler_rejects_what_it_cannot_read_exactly() -> None:
                 "x = 'a' \\\n  'b'", "from __future__ import annotations\nx: 'a' = 'b'", "x = 'a'\r'b'", "# c\rx = 'a'"]:
         assert _skeleton(src) is None, src
     skel, n, values = _skeleton("x = {'a': \"a\", 'b': ''}  # 'c'\n")
-    assert skel == "x = {'00': \"00\", '01': ''}  # 'c'\n" and n == 4 and values == {"00": "a", "01": "b"}
+    assert skel == "x = {'00': \"00\", '01': ''}  #\n" and n == 4 and values == {"00": "a", "01": "b"}
+    # a comment is a bare '#' in the skeleton (its words and letters are not code); a coding declaration stays
+    assert _skeleton("# -*- coding: latin-1 -*-\nx = 'a'  # naïve\n")[0] == "# -*- coding: latin-1 -*-\nx = '00'  #\n"
+
+
+def test_skeleton_scan_memo_gives_the_whole_scan() -> None:
+    """The scan of a source's text before its last top-level def is kept (the helpers a template's sources share);
+    the skeleton with it is the one of a scan of the whole source, for every embedded checker, the tricky pairs and
+    prefixes that share literals with the rest, and a prefix whose literal the scanner cannot read."""
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+    from cowork_pipeline.validation.sandbox import _SCAN_MEMO_MIN_CHARS, _skeleton
+
+    helpers = "".join(f"def h{i}(x):\n    return x.get('k{i % 7}', 'v')  # 'k{i}' wins\n\n" for i in range(80))
+    sources = [helpers + "def check(ev):\n    return h1(ev) == 'k3' and ev.get('k1') != 'w'\n",
+               helpers + "def check(ev):\n    return h2(ev) == 'v'\n",
+               helpers.replace("'v'", "r'v'", 1) + "def check(ev):\n    return 1\n"]
+    assert len(sources[0]) > _SCAN_MEMO_MIN_CHARS
+    sources += [s for pair in SKELETON_PAIRS for s in pair]
+    backend = EmbeddedBackend()
+    sources += [i.code for cap in sorted(load_catalog().values(), key=lambda c: c.id) for seed in range(2)
+                for i in backend.draft(cap, seed).spec.rubric]
+    memo: dict = {}
+    for _ in range(2):  # the second time every prefix is known
+        for src in sources:
+            assert _skeleton(src, memo) == _skeleton(src, None), src[-300:]
+    assert _skeleton(sources[2], memo) is None
+    assert len(memo) >= 10
 
 
 def test_globals_do_not_leak_between_calls(sb: Sandbox) -> None:

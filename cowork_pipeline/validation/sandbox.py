@@ -82,6 +82,7 @@ from __future__ import annotations
 import ast
 import dis
 import io
+import itertools
 import json
 import marshal
 import os
@@ -279,6 +280,9 @@ _LITERAL_TOKENS = re.compile(r"""(#[^\n]*|'[^'\n]*'|"[^"\n]*")""")
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_]+")
 _PLACEHOLDERS: list[str] = []
+_SCAN_MEMO: dict[str, Any] = {}  # text before a source's last top-level def -> its scan (see ``_skeleton``)
+_SCAN_MEMO_ENTRIES = 128  # prefixes of sources up to _SKELETON_MAX_CHARS: a few MB at most
+_SCAN_MEMO_MIN_CHARS = 2000  # shorter sources scan faster than their prefix is hashed and copied
 
 
 def _placeholder(k: int) -> str:
@@ -295,19 +299,61 @@ def _placeholder(k: int) -> str:
     return _PLACEHOLDERS[k]
 
 
-def _skeleton(source: str) -> tuple[str, int, dict[str, str]] | None:
+def _skeleton(source: str, memo: dict[str, Any] | None = _SCAN_MEMO) -> tuple[str, int, dict[str, str]] | None:
     """(skeleton, number of string literals, placeholder -> value) of ``source``, or None when it
     has no string literal or one this scanner does not read exactly as Python does (escapes,
     line continuations, triple quotes, prefixes such as f/r/b, a carriage return: a line end to
-    Python but not to this scanner)."""
+    Python but not to this scanner).  Comments become a bare ``#`` (the compiler ignores them; a
+    coding declaration is kept), so a comment's words or non-ASCII letters never reach the
+    policy's text test and sources that differ in comments only share a skeleton.
+
+    A token never spans a line, so the text up to a line start scans the same alone as inside
+    the whole: ``memo`` keeps the scan of everything before the last top-level ``def`` (the
+    helpers a template's sources share, ~85% of a generated checker) and only the rest is
+    scanned again."""
     if "\\" in source or "'''" in source or '"""' in source or "\x00" in source or "\r" in source or "__future__" in source:
         return None
-    parts = _LITERAL_TOKENS.split(source)
-    if len(parts) == 1:
+    cut = 0
+    if memo is not None and _SCAN_MEMO_MIN_CHARS < len(source) <= _SKELETON_MAX_CHARS:
+        cut = source.rfind("\ndef ") + 1
+    values: dict[str, str] = {}
+    if cut:
+        prefix = source[:cut]
+        state = memo.pop(prefix, None)
+        if state is None:
+            found = _scan(prefix, [], {}, 0)
+            if found is None:
+                return None
+            state = ("".join(found[0]), found[1], found[2], _values(found[1], 0))
+        memo[prefix] = state  # (re)inserted last: most recently used
+        try:
+            while len(memo) > _SCAN_MEMO_ENTRIES:
+                del memo[next(iter(memo))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread evicted at the same time
+            pass
+        found = _scan(source[cut:], [state[0]], dict(state[1]), state[2])
+        values.update(state[3])
+    else:
+        found = _scan(source, [], {}, 0)
+    if found is None:
         return None
-    seen: dict[str, str] = {}
-    out = [parts[0]]
-    n_literals = 0
+    out, seen, n_literals = found
+    if not seen:
+        return None
+    values.update(_values(seen, len(values)))
+    return "".join(out), n_literals, values
+
+
+def _values(seen: dict[str, str], start: int) -> dict[str, str]:
+    """placeholder -> value for the values of ``seen`` from the ``start``-th on, interned as the compiler does."""
+    return {p: sys.intern(value) if _NAME_CHARS.fullmatch(value) else value for value, p in itertools.islice(seen.items(), start, None)}
+
+
+def _scan(text: str, out: list[str], seen: dict[str, str], n_literals: int) -> tuple[list[str], dict[str, str], int] | None:
+    """Append ``text``'s skeleton to ``out`` (placeholders numbered on from ``seen``), or None when a
+    literal has a prefix."""
+    parts = _LITERAL_TOKENS.split(text)
+    out.append(parts[0])
     for i in range(1, len(parts), 2):
         tok = parts[i]
         quote = tok[0]
@@ -322,14 +368,11 @@ def _skeleton(source: str) -> tuple[str, int, dict[str, str]] | None:
                 if p is None:
                     p = seen[value] = _placeholder(len(seen))
                 tok = quote + p + quote
+        elif "coding" not in tok:
+            tok = "#"
         out.append(tok)
         out.append(parts[i + 1])
-    if not seen:
-        return None
-    values = {}
-    for value, p in seen.items():
-        values[p] = sys.intern(value) if _NAME_CHARS.fullmatch(value) else value  # as the compiler interns
-    return "".join(out), n_literals, values
+    return out, seen, n_literals
 
 
 def _skeleton_usable(tree: ast.AST, n_literals: int, placeholders: Mapping[str, str]) -> bool:
@@ -415,7 +458,7 @@ class _CheckerCompiler:
         self._remember(skeleton, known)
         if known is not None:
             try:
-                code = (self._swap_constants(known[0], values), known[1])
+                code = (self._swap_constants(known[0], values, known[2]), known[1])
                 self.instantiated += 1
                 return code
             except Exception:  # noqa: BLE001 - e.g. an interpreter that audits replace() differently
@@ -453,7 +496,7 @@ class _CheckerCompiler:
             code = compile(skeleton, CHECKER_FILENAME, "exec", dont_inherit=True)
             if not self._same_but_columns(self._swap_constants(code, first.values), first.code):
                 return None
-            return (code, _mutation_free(code))
+            return (code, _mutation_free(code), {})  # the last memo: see _swap_constants
         except Exception:  # noqa: BLE001 - e.g. a skeleton that does not compile: its sources are compiled from text
             return None
 
@@ -476,19 +519,43 @@ class _CheckerCompiler:
 
         return flat(a) == flat(b)
 
-    def _swap_constants(self, code: Any, values: Mapping[str, str]) -> Any:
-        """``code`` (and every code object nested in it) with placeholder constants swapped for values."""
+    def _swap_constants(self, code: Any, values: Mapping[str, str], memo: dict[int, Any] | None = None) -> Any:
+        """``code`` (and every code object nested in it) with placeholder constants swapped for values.
+
+        ``memo`` (the skeleton's own: id of a skeleton code object -> its last constants and code) gives a
+        code object whose constants equal the last source's that very code again: the helpers a template's
+        sources share (most of its code objects) are made once, not once per source.  Code objects are
+        immutable, so sources share them as calls of one source do."""
         st = self.st
 
         def swap_code(c: Any) -> Any:
             consts = tuple([_swap_constant(k, values, swap_code) for k in c.co_consts])
+            if memo is not None:
+                last = memo.get(id(c))
+                if last is not None and _same_constants(last[0], consts):
+                    return last[1]
             st.recode = c.co_code  # let the audit hook pass exactly this replace()
             try:
-                return c.replace(co_consts=consts)
+                made = c.replace(co_consts=consts)
             finally:
                 st.recode = None
+            if memo is not None:
+                memo[id(c)] = (consts, made)
+            return made
 
         return swap_code(code)
+
+
+def _same_constants(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """The constants of two instances of one skeleton code object are the same: everything but the swapped
+    strings (and the tuples and sets around them) is the skeleton's very object, and nested code objects
+    are equal only as the same object."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is not y and (type(x) is not type(y) or type(x) is CodeType or x != y):
+            return False
+    return True
 
 
 MAX_SOURCE_CHARS = 200_000  # bounds parse time/memory in the parent
