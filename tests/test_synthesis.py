@@ -1545,12 +1545,28 @@ def test_nondeterministic_checker_by_source(validator, outcomes, code):
 
 def test_nondeterminism_prefilter_agrees_with_the_pattern():
     """The substring prefilter in front of the nondeterminism regex never changes its answer."""
-    from cowork_pipeline.validation.certify import _NONDETERMINISTIC, _calls_nondeterministic
+    from cowork_pipeline.validation.sandbox import _NONDETERMINISTIC, _calls_nondeterministic
 
     texts = STATIC_NONDETERMINISTIC + [COUNTER, "x = now ()", "time\n(", "now\r(", "now\u2003(", "xnow()", "now_()", "ids(",
                                        "a.id(3)", "datetime(2026, 1, 1)", "s = 'random (x)'", "uuid\t\t(", "hash\x1c("]
     for text in texts:
         assert _calls_nondeterministic(text) == (_NONDETERMINISTIC.search(text) is not None), text
+
+
+def test_nondeterminism_is_read_in_code_not_in_strings_or_comments():
+    """A checker is judged by what it calls: 'time (UTC)' in a string or "# not random()" in a comment is no call
+    (the check reads the source's skeleton, the same one the sandbox's policy verdict is cached by)."""
+    from cowork_pipeline.validation.sandbox import calls_nondeterministic
+
+    assert all(calls_nondeterministic(c) for c in STATIC_NONDETERMINISTIC)
+    assert calls_nondeterministic("import time\ndef check(ev):\n    return time . time ( ) > 0  # 'x'\n")
+    assert calls_nondeterministic("def check(ev):\n    return ev['x'] == 'a' and hash(\n        ev['y']) > 0\n")
+    for quiet in ["def check(ev):\n    return ev['note'] == 'meeting time (UTC): 15:00'\n",
+                  "def check(ev):\n    return ev['k'] == 'v'  # not random(), not now()\n",
+                  "def check(ev):\n    return ev['id'] in ('id(1)', \"uuid()\")\n"]:
+        assert not calls_nondeterministic(quiet), quiet
+    # a source the scanner cannot read exactly is judged on its whole text
+    assert calls_nondeterministic("def check(ev):\n    return r'now()' != ''\n")
 
 
 def test_stateful_checker_cannot_keep_state_in_the_real_sandbox(sb, validator, outcomes):
@@ -4412,6 +4428,6 @@ def test_the_checker_prelude_trips_no_validator_rule():
     """Every generated checker carries the prelude: a word in it the determinism scan reads as a call (a comment's
     "time (" once did) would reject every environment."""
     from cowork_pipeline.synthesis.checks import PRELUDE
-    from cowork_pipeline.validation.certify import _calls_nondeterministic
+    from cowork_pipeline.validation.sandbox import _calls_nondeterministic
 
     assert not _calls_nondeterministic(PRELUDE)

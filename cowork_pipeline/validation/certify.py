@@ -25,24 +25,11 @@ from cowork_pipeline.spec import EnvironmentSpec
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.validation.grader import Grade, grade_many
 from cowork_pipeline.validation.mutations import _MONEY, OPERATORS, Mutant, equivalent, executed_program, mutants
+from cowork_pipeline.validation.sandbox import calls_nondeterministic
 
 CHECKER_ERRORS = {"compile_error": "checker_compile_error", "forbidden": "checker_forbidden", "timeout": "checker_timeout",
                   "memory": "checker_memory"}
 VALIDATOR_VERSION = "certify-17"  # 2: collateral_write mutants; 3: wrong_mention mutants; 4: empty_message mutants; 5: confidential text pasted into an outside email, a checker that cannot run on any trajectory (time, memory, sandbox rules) is reported; 6: misstated_value mutants (amounts in another currency; amounts, times or dates hedged between two values; a weekday that contradicts its date); 7: the confidential text pasted into a public comment on an outside requester's ticket (the helpdesk emails it to them); a reference program that stops early (a search found nothing to bind) is reference_incomplete, and no mutant runs; a reference that writes a world value (a name, an address, a title, an id) before anything it saw showed it is reference_ungrounded; 8: answers (turns with answer=true) are mutated like messages (emptied, misstated, another record named, a changed or swapped amount, a date a day late, a count one more, partial_answer, stale_answer), missing_step skips the look-ups an answer rests on, the equivalent variant rewrites answers ($1,234.00, lists reversed); a collateral_write makes a world event's change itself a turn early; an answer's figures must appear in what the reference read (reference_ungrounded); 9: a misstated_value mutant reports the work as not done ("I couldn't get this done") after doing it; an answer's stated room (a meeting's location) swapped for another record's (wrong_value); 10: a misstated_value mutant gives a message's or answer's UTC times in another zone ("15:00 UTC" -> "15:00 CET"); 11: the equivalent variant writes the dates in messages in words ("2026-03-05" -> "March 5, 2026"); 12: a safety_violation mutant states the confidential documents' figures in words ("43%" -> "43 percent") in an outside message; 13: the equivalent variant lists the organizer among a new event's attendees; 14: a misstated-value mutant gives a message's or answer's dates in words in the next year ("March 5, 2027"), up to 4 misstated-value mutants per environment (was 3); 15: a misstated-value mutant gives a message's or answer's amounts as record numbers ("4830.00" -> "#4830"), a safety_violation mutant states the confidential figures under a unit label ("Figure (%): 43") in an outside message; 16: a misstated-value mutant writes a note on a record (a deal's or an invoice's note, a ticket's description) with its amounts a tenth more, its percentages and counts one more, or another person named in place of its person (a namesake); 17: a misstated-value mutant writes a note on a meeting or a task that states its start another hour of the day or its due date a later day, none the task gives, or on a moved one the start or due date it had before the move; a misstated-value mutant gives a message or an answer about a meeting a second time after its own ("See you at 13:00 UTC."); the amounts-as-record-numbers mutant writes both notations ("#4830 (PO 4830)"); the equivalent variant gives a meeting or a task the reference leaves without a note one that says its own day and time
-_NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
-_NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
-
-
-def _calls_nondeterministic(code: str) -> bool:
-    # The regex tries every position (~17 us per checker); most checkers put none of these names
-    # right before a parenthesis once whitespace is squeezed out (what ``\s*`` allows), which a
-    # few substring searches rule out.
-    squeezed = "".join(code.split())
-    if not any(w + "(" in squeezed for w in _NONDETERMINISTIC_NAMES):
-        return False
-    return _NONDETERMINISTIC.search(code) is not None
-
-
 @dataclass
 class Certification:
     env_id: str
@@ -93,7 +80,7 @@ def structural_diagnostics(spec: EnvironmentSpec) -> list[Diagnostic]:
     if len(set(ids)) != len(ids):
         out.append(Diagnostic("schema_invalid", f"duplicate rubric item ids: {sorted({i for i in ids if ids.count(i) > 1})}"))
     for i in spec.rubric:
-        if _calls_nondeterministic(i.code):
+        if calls_nondeterministic(i.code):
             out.append(Diagnostic("nondeterministic_checker", f"checker '{i.id}' calls a time/random/identity function", item=i.id))
     event_records = {
         (coll, str(ev.args.get("id"))) for t in spec.turns for ev in t.events

@@ -643,6 +643,7 @@ def _unsafe_attr_name(name: object) -> bool:
 class _Verdict:
     compile_error: str | None
     violations: tuple[str, ...]
+    nondeterministic: bool = False  # calls a time/random/identity function (see ``calls_nondeterministic``)
 
 
 def _policy_violations(tree: ast.AST) -> list[str]:
@@ -823,6 +824,11 @@ def _analyze(source: str) -> _Verdict:
 
 @lru_cache(maxsize=4096)
 def _analyze_text(source: str) -> _Verdict:
+    verdict = _parse_and_walk(source)
+    return _Verdict(verdict.compile_error, verdict.violations, _calls_nondeterministic(source))
+
+
+def _parse_and_walk(source: str) -> _Verdict:
     try:
         tree = ast.parse(source, filename=CHECKER_FILENAME, mode="exec")
     except SyntaxError as exc:
@@ -835,6 +841,27 @@ def _analyze_text(source: str) -> _Verdict:
         return _Verdict(None, tuple(_policy_violations(tree)))
     except RecursionError:
         return _Verdict(None, ("source too complex to analyse",))
+
+
+_NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
+_NONDETERMINISTIC = re.compile(r"\b(%s)\s*\(" % "|".join(_NONDETERMINISTIC_NAMES))
+
+
+def _calls_nondeterministic(text: str) -> bool:
+    # The regex tries every position (~17 us per checker); most checkers put none of these names
+    # right before a parenthesis once whitespace is squeezed out (what ``\s*`` allows), which a
+    # few substring searches rule out.
+    squeezed = "".join(text.split())
+    if not any(w + "(" in squeezed for w in _NONDETERMINISTIC_NAMES):
+        return False
+    return _NONDETERMINISTIC.search(text) is not None
+
+
+def calls_nondeterministic(source: str) -> bool:
+    """True when ``source`` calls a time, random or identity function (``now(``, ``random(``, ``id(``...), read
+    in its skeleton where it has one (see ``_analyze``: not in its string literals or comments) and cached with
+    its policy verdict.  A hint for the validator, which also grades the same trajectory twice."""
+    return isinstance(source, str) and _analyze(source).nondeterministic
 
 
 def static_check(source: str) -> list[str]:
