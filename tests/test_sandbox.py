@@ -402,6 +402,74 @@ def test_skeleton_is_learnt_from_its_second_source() -> None:
     assert compiler.compile("def check(ev):\n    return 'b' +\n").startswith("SyntaxError")  # nothing learnt from errors
 
 
+def test_a_checker_compiled_in_parts_is_the_whole_source() -> None:
+    """In-process: every checker the embedded backend writes, compiled as its helpers (once per text) and then the
+    rest, defines the very functions and values compiling it whole does (code equal but for columns, so every
+    line number too)."""
+    from types import CodeType
+
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.synthesis.draft import Diagnostic
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+    from cowork_pipeline.validation.sandbox import CHECKER_FILENAME, _SCAN_MEMO_MIN_CHARS, _CheckerCompiler, _State
+
+    backend = EmbeddedBackend()
+    sources: list[str] = []
+    for cap in sorted(load_catalog().values(), key=lambda c: c.id):
+        for seed in range(3):
+            d = backend.draft(cap, seed)
+            r = backend.revise(d, [Diagnostic("mutation_survived", "x", detail={"operator": "wrong_value"})])
+            sources += [i.code for spec in (d.spec, r.spec) if spec for i in spec.rubric]
+    compiler = _CheckerCompiler(_State())
+    split = 0
+    for src in dict.fromkeys(sources):
+        parts, _free = compiler.compile_parts(src)
+        split += len(parts) == 2
+        g_parts: dict = {}
+        for code in parts:
+            exec(code, g_parts)
+        g_whole: dict = {}
+        exec(compile(src, CHECKER_FILENAME, "exec", dont_inherit=True), g_whole)
+        assert g_parts.keys() == g_whole.keys()
+        for name, value in g_whole.items():
+            if name == "__builtins__":
+                continue
+            if callable(value) and isinstance(getattr(value, "__code__", None), CodeType):
+                assert compiler._same_but_columns(g_parts[name].__code__, value.__code__), (name, src[-200:])
+                assert g_parts[name].__defaults__ == value.__defaults__
+            else:
+                assert g_parts[name] == value, name
+    assert split == sum(len(s) > _SCAN_MEMO_MIN_CHARS for s in set(sources)) > 100, split  # every long one
+    assert len(compiler.heads) <= split // 4  # the helpers' texts are few: each compiled once
+
+
+def test_a_checker_in_parts_reports_what_the_whole_source_would() -> None:
+    """A long checker runs as helpers then the rest (see ``compile_parts``): a failure names the line of the whole
+    source, a syntax error in either part is the whole source's own, and what cannot be split (a decorator before
+    the last def, a future import: the policy refuses it anyway) is compiled whole."""
+    from cowork_pipeline.validation.sandbox import CHECKER_FILENAME, _SCAN_MEMO_MIN_CHARS, _CheckerCompiler, _State
+
+    helpers = "".join(f"def h{i}(x):\n    return x.get('k{i}', 'v')\n\n" for i in range(60))
+    good = helpers + "def check(ev):\n    x = h3(ev)\n    return ev['missing'] == x\n"
+    assert len(good) > _SCAN_MEMO_MIN_CHARS
+    line = good.count("\n")  # the failing line, the last one
+    broken = helpers + "def check(ev):\n    return (ev['k3'] ==\n"
+    decorated = helpers + "def deco(f):\n    return f\n\n@deco\ndef check(ev):\n    return h3(ev) == 'v'\n"
+    future = "from __future__ import annotations\n" + helpers + "def check(ev: Undefined):\n    return h3(ev) == 'v'\n"
+    compiler = _CheckerCompiler(_State())
+    assert len(compiler.compile_parts(good)[0]) == 2 and len(compiler.compile_parts(future)[0]) == 1
+    assert compiler.compile_parts(decorated)[0][-1].co_firstlineno == 1  # compiled whole
+    try:
+        compile(broken, CHECKER_FILENAME, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        want = f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
+    with Sandbox(workers=1, limits=LIMITS) as box:
+        res = box.evaluate({"g": good, "b": broken, "d": decorated}, [(k, {"k3": "v"}) for k in "gbd"])
+    assert res[0].error_code == "exception" and res[0].error.endswith(f"(line {line})"), res[0]
+    assert res[1].error_code == "compile_error" and res[1].error == want, (res[1], want)
+    assert res[2].value is True, res[2]
+
+
 def test_instances_of_a_skeleton_share_the_code_of_their_common_helpers() -> None:
     """A helper whose strings are the same in two sources of one template is one code object for both (made once);
     a function with another string is made anew, and every instance returns its own result."""

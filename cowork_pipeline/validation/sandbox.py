@@ -274,6 +274,10 @@ def _plain_dumps(obj: Any) -> bytes:
 #   equal the swapped code (bytecode, constants, names, line numbers).  Only column offsets
 #   differ, which nothing reports (errors name the line).  A skeleton is compiled when its
 #   second source arrives, so a one-off source costs one compile and a ~20 us scan.
+#   A long source is compiled in two parts: the helpers before its last top-level ``def``
+#   (the same text in every source of a template, compiled once per text) and the rest (by
+#   skeleton), run in order in one namespace (``_CheckerCompiler.compile_parts``); a new
+#   template then costs a compile of its ~1,000-character ``check`` instead of ~15,000.
 # --------------------------------------------------------------------------------------
 
 _LITERAL_TOKENS = re.compile(r"""(#[^\n]*|'[^'\n]*'|"[^"\n]*")""")
@@ -313,9 +317,7 @@ def _skeleton(source: str, memo: dict[str, Any] | None = _SCAN_MEMO) -> tuple[st
     scanned again."""
     if "\\" in source or "'''" in source or '"""' in source or "\x00" in source or "\r" in source or "__future__" in source:
         return None
-    cut = 0
-    if memo is not None and _SCAN_MEMO_MIN_CHARS < len(source) <= _SKELETON_MAX_CHARS:
-        cut = source.rfind("\ndef ") + 1
+    cut = _helpers_end(source) if memo is not None else 0
     values: dict[str, str] = {}
     if cut:
         prefix = source[:cut]
@@ -342,6 +344,12 @@ def _skeleton(source: str, memo: dict[str, Any] | None = _SCAN_MEMO) -> tuple[st
         return None
     values.update(_values(seen, len(values)))
     return "".join(out), n_literals, values
+
+
+def _helpers_end(source: str) -> int:
+    """Where ``source``'s last top-level ``def`` starts (a generated checker: its helpers, then ``check``), or 0
+    for a source too short to gain from scanning or compiling its helpers apart, or too long for skeletons."""
+    return source.rfind("\ndef ") + 1 if _SCAN_MEMO_MIN_CHARS < len(source) <= _SKELETON_MAX_CHARS else 0
 
 
 def _values(seen: dict[str, str], start: int) -> dict[str, str]:
@@ -436,12 +444,47 @@ class _CheckerCompiler:
         self.skeleton_chars = 0  # total length of the keys (bounded like the worker's code cache)
         self.compiled = 0  # compile() calls on text (reset per batch by the worker)
         self.instantiated = 0  # sources made from a known skeleton
+        # helpers' text -> (its compile() entry, its line count), least recently used first (see compile_parts)
+        self.heads: dict[str, tuple[Any, int]] = {}
+        self.head_chars = 0
 
-    def compile(self, source: str) -> Any:
+    def compile_parts(self, source: str) -> Any:
+        """(the code objects to run in order in one namespace, mutation_free) for ``source``, or its compile
+        error as a str.  A generated checker is helpers (the same text in every source of its template and
+        ~85% of it) and then ``check``: the helpers are compiled once per text, and the rest alone, with the
+        helpers' lines as blank lines so every line number is the one it has in ``source``.  Running both
+        in one namespace is running ``source``: a module is its top-level statements in order, and a ``def``
+        at column 0 starts a statement.  Where either part does not compile alone (a decorator or an open
+        bracket before the ``def``) the whole source is compiled, and its own error is the one reported.
+        (One difference, which no generated checker can see: equal string constants of the two parts are
+        not merged into one object, so ``is`` between them is False.)"""
+        cut = _helpers_end(source) if "__future__" not in source else 0  # a future import is the whole module's
+        if cut:
+            text = source[:cut]
+            head = self.heads.pop(text, None)
+            if head is None:
+                head = (self.compile(text), text.count("\n"))
+            else:
+                self.head_chars -= len(text)
+            self.head_chars += len(text)
+            self.heads[text] = head  # (re)inserted last: most recently used
+            while len(self.heads) > _HEAD_CACHE_ENTRIES or self.head_chars > _CODE_CACHE_CHARS:
+                oldest = next(iter(self.heads))
+                del self.heads[oldest]
+                self.head_chars -= len(oldest)
+            entry, lines = head
+            if not isinstance(entry, str):
+                tail = self.compile("\n" * lines + source[cut:], scan_memo=None)
+                if not isinstance(tail, str):
+                    return ((entry[0], tail[0]), entry[1] and tail[1])
+        whole = self.compile(source)
+        return whole if isinstance(whole, str) else ((whole[0],), whole[1])
+
+    def compile(self, source: str, scan_memo: dict[str, Any] | None = _SCAN_MEMO) -> Any:
         """Instantiate ``source``'s skeleton when it is known and usable (see "Compiling by skeleton"),
         else compile the text.  A skeleton is learnt when its second source arrives (a one-off
         source, e.g. an LLM's, costs one compile and a scan), against the first source's code."""
-        sk = _skeleton(source) if len(source) <= _SKELETON_MAX_CHARS else None
+        sk = _skeleton(source, scan_memo) if len(source) <= _SKELETON_MAX_CHARS else None
         if sk is None:
             return self._compile_text(source)
         skeleton, n_literals, values = sk
@@ -894,6 +937,7 @@ _IDLE = -(2**31)  # progress idx between batches; idx >= 0: call; idx < 0: compi
 _TICK_S = 0.05  # repeat interval of the in-worker timer after the first expiry
 _CODE_CACHE_ENTRIES = 512  # compiled sources a worker keeps across batches
 _CODE_CACHE_CHARS = 2_000_000  # ... and their total size (bounded memory under RLIMIT_AS)
+_HEAD_CACHE_ENTRIES = 64  # checkers' helpers a worker keeps compiled (see ``compile_parts``)
 _SKELETON_MAX_CHARS = 40_000  # longer sources are compiled from text (scanning them costs more than it saves; the
 # embedded answer checkers, prelude included, are ~21,000)
 _WORKER_FLAG = "--cowork-sandbox-worker"
@@ -2129,11 +2173,12 @@ class _WorkerRuntime:
                 return  # the parent replaces us
 
     def _compile(self, source: str) -> Any:
-        """(code, mutation_free) for ``source``, or the compile error as a str."""
+        """(code objects, mutation_free) for ``source`` (see ``_CheckerCompiler.compile_parts``), or the
+        compile error as a str."""
         cache = self.code_cache
         code = cache.pop(source, None)
         if code is None:
-            code = self.compiler.compile(source)
+            code = self.compiler.compile_parts(source)
             if isinstance(code, str):
                 return code
             self.code_cache_chars += len(source)
@@ -2302,7 +2347,6 @@ class _WorkerRuntime:
         gc_before = self.gc.get_count()[0]
         st.violation = None
         st.timed_out = False
-        st.exec_code = code
         outcome: tuple[str, str]
         st.strict = True
         st.armed = True
@@ -2339,7 +2383,10 @@ class _WorkerRuntime:
         return outcome[0], outcome[1], secs
 
     def _invoke(self, code: Any, g: dict[str, Any], entry: str, arg: Any, max_bytes: int) -> tuple[str, str]:
-        exec(code, g)
+        st = self.st
+        for part in code:
+            st.exec_code = part  # the audit hook lets exec() run exactly this code object
+            exec(part, g)
         fn = g.get(entry)
         if fn is None or not callable(fn):
             return "missing_entry", f"source defines no callable {entry!r}"
