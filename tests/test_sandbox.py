@@ -1034,6 +1034,30 @@ def test_policy_verdict_by_skeleton_equals_the_sources_own() -> None:
         assert _analyze(src) == _analyze_text(src), src
 
 
+def test_a_long_source_parsed_in_parts_gets_the_verdict_of_its_whole_parse() -> None:
+    """The parent parses a long, policy-clean source as its helpers (once per text) and the rest; the verdict is the
+    whole parse's for every embedded checker and for sources broken in either part, or across the cut."""
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+    from cowork_pipeline.validation.sandbox import _helpers_end, _parse_and_walk
+
+    backend = EmbeddedBackend()
+    sources = [i.code for cap in sorted(load_catalog().values(), key=lambda c: c.id) for i in backend.draft(cap, 1).spec.rubric]
+    helpers = "".join(f"def h{i}(x):\n    return x.get('k{i}', 'v')\n\n" for i in range(60))
+    sources += [helpers + "def check(ev):\n    return (ev['k'] ==\n",  # the rest does not parse
+                helpers.replace("def h7(x):", "def h7(x:", 1) + "def check(ev):\n    return h7(ev)\n",  # the helpers do not
+                helpers + "x = (1,\ndef check(ev):\n    return 1\n",  # a bracket open across the cut
+                helpers + "@h1\ndef check(ev):\n    return 1\n",  # a decorator before the last def
+                helpers + "if True:\n    x = 1\n  def check(ev):\n    return 1\n",  # an indentation error
+                helpers + "def check(ev):\n    return open('x')\n"]  # a policy violation: walked, not split
+    split = 0
+    for src in sources:
+        split += bool(_helpers_end(src))
+        assert _parse_and_walk(src) == _parse_and_walk(src, split=False), src[-120:]
+    assert split >= len(sources) // 3, split
+    assert _parse_and_walk(sources[-6]).compile_error and _parse_and_walk(sources[-1]).violations
+
+
 _SKELETON_EXPRESSIONS = [
     "{a} + x", "x + {a}", "x == {a}", "{a} in y", "{{{a}: 1, {b}: 2}}", "[{a}, {b}, {a}]", "{a}[0:2]", "{a}[1:]",
     "{a} + {b}", "{a} {b}", "{a} * 2", "{a} % ()", "len({a})", "{a}.upper()", "sorted({{{a}, {b}}})", "({a}, {b}) + ({a},)",

@@ -871,7 +871,15 @@ def _analyze_text(source: str) -> _Verdict:
     return _Verdict(verdict.compile_error, verdict.violations, _calls_nondeterministic(source))
 
 
-def _parse_and_walk(source: str) -> _Verdict:
+def _parse_and_walk(source: str, split: bool = True) -> _Verdict:
+    cut = _helpers_end(source) if split and "__future__" not in source else 0
+    if cut and _policy_clean_text(source):
+        # Nothing to walk for: the source only has to parse, which it does when its helpers and the rest
+        # each parse alone (see ``_CheckerCompiler.compile_parts``); the helpers' text is shared by every
+        # source of a template and parsed once.  Otherwise the whole source gives its own error below.
+        head = source[:cut]
+        if _helpers_parse(head) and _parses("\n" * head.count("\n") + source[cut:]):
+            return _Verdict(None, ())
     try:
         tree = ast.parse(source, filename=CHECKER_FILENAME, mode="exec")
     except SyntaxError as exc:
@@ -884,6 +892,17 @@ def _parse_and_walk(source: str) -> _Verdict:
         return _Verdict(None, tuple(_policy_violations(tree)))
     except RecursionError:
         return _Verdict(None, ("source too complex to analyse",))
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text, filename=CHECKER_FILENAME, mode="exec")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+_helpers_parse = lru_cache(maxsize=256)(_parses)  # helpers' texts: a few per template, each parsed once
 
 
 _NONDETERMINISTIC_NAMES = ("now", "today", "utcnow", "random", "uuid", "id", "hash", "time")
