@@ -257,14 +257,14 @@ def test_a_note_on_a_record_names_only_the_people_its_source_names():
 
 
 def test_a_note_on_a_record_gives_no_other_day_or_time():
-    """embedded-29: with ``when_allowed`` (the record's own date and time, its end as a range's end only, the time it had
+    """embedded-29 (embedded-30: a window's bounds only as bounds): with ``when_allowed`` (the record's own date and time, its end as a range's end only, the time it had
     before a move only as what it was, and the dates and times the task's texts give), a new meeting's title and
     description, a moved meeting's description and a task's notes state no other date in any usual notation, nor
     (where ``when_allowed`` has a time) another UTC time; a time on another clock, a date without its month and a task
     note's time of day are not judged."""
     dates = dates_given("Find a slot on Wednesday 2026-03-04 (between 09:00 and 17:00 UTC)", "2026-03-02",
                         own=("2026-03-04T14:00:00+00:00",), ends=("2026-03-04T15:00:00+00:00",))
-    assert dates == ["..15:00", "09:00", "14:00", "17:00", "2026-03-02", "2026-03-04"]
+    assert dates == ["..15:00", "14:00", "2026-03-02", "2026-03-04", "~09:00", "~17:00"]  # (the request's window: "~")
     code = source(CheckSpec("event_at", {"start_utc": "2026-03-04T14:00:00+00:00", "minutes": 60, "attendees": ["a@northwind.example"],
                                          "title": "Budget check-in", "when_allowed": dates}))
 
@@ -273,11 +273,12 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
              "organizer": "me@northwind.example", "description": description, "status": "confirmed"}
         return {"final": {"calendar.events": {"evt_1": e}}, "diff": {"calendar.events": {"added": {"evt_1": e}, "removed": {}, "changed": {}}}}
     for ok in ["", "Budget check-in, Wed March 4th, 2-3pm UTC", "14:00-15:00 UTC on 2026-03-04", "2026-03-04T14:00:00Z until 15:00",
-               "Found a slot between 09:00 and 17:00; set up on March 2", "15:00 CET", "Budget 15.00 USD each", "Agenda: 3/5 of the budget"]:
+               "Found a slot between 09:00 and 17:00; set up on March 2", "15:00 CET", "Budget 15.00 USD each", "Agenda: 3/5 of the budget",
+               "14:00-15:00 UTC, inside the 09:00-17:00 window", "The first free hour after 09:00 UTC: 14:00", "9am to 5pm UTC; 2pm it is"]:
         assert _run_check(code, booked(ok)), ok
     for wrong in ["Budget check-in: 2026-03-04 at 15:00 UTC.", "At 4pm", "2026-03-05, 14:00", "March 5th", "4 Mar 2027", "1500 hrs",
-                  "05/03/2026 at 14:00", "14.30 UTC"]:
-        assert not _run_check(code, booked(wrong)), wrong
+                  "05/03/2026 at 14:00", "14.30 UTC", "Budget check-in at 09:00 UTC", "Starts 17:00 UTC", "Moved to 9am"]:
+        assert not _run_check(code, booked(wrong)), wrong  # (the window's bounds only as bounds: "at 09:00" misleads)
     assert not _run_check(code, booked("", title="Budget check-in 16:00"))
     task = source(CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"due": "2026-03-16"},
                                                "when_allowed": {"notes": dates_given("Joins on Monday 2026-03-16", own=("2026-03-16",))}}))
@@ -1144,7 +1145,8 @@ def test_planted_deal_checker_that_reads_only_the_fields_is_caught_by_the_note(v
 def test_planted_meeting_checker_blind_to_the_description_is_caught_by_the_stated_start(validator, outcomes):
     """certify-17: a meeting checker that holds the new event to its start, length, attendees and title, and never
     reads what the event says, lets an invite through whose description gives another time ("Budget check-in:
-    2026-03-04 at 16:00 UTC." on a 15:00 meeting): the misstated-value mutant of the description shows the gap;
+    2026-03-04 at 09:00 UTC." on a 12:00 meeting asked for between 09:00 and 17:00; certify-18 takes the window's
+    bound, the +1 hour of certify-17 elsewhere): the misstated-value mutant of the description shows the gap;
     the embedded check (embedded-29, ``when_allowed``) kills it."""
     spec = certified_spec(outcomes, "schedule_meeting")
     item = next(r for r in spec.rubric if r.id == "meeting_booked")
@@ -1153,10 +1155,28 @@ def test_planted_meeting_checker_blind_to_the_description_is_caught_by_the_state
     cert = validator.certify(planted(with_item_code(spec, "meeting_booked", blind)))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     [d] = cert.diagnostics
-    assert d.detail["operator"] == "misstated_value" and "description states the start as" in d.message, d.message
+    assert d.detail["operator"] == "misstated_value" and "description states a bound of the request's window as the start" in d.message, d.message
     [orig] = [o.final.certification for o in outcomes["schedule_meeting"] if o.accepted and o.final.draft.spec is spec]
-    stated = [m for m in orig.mutants if "description states the start as" in m["description"]]
+    stated = [m for m in orig.mutants if "description states a bound of the request's window" in m["description"]]
     assert len(stated) == 1 and stated[0]["killed"] and stated[0]["failed_items"] == ["meeting_booked"], stated
+
+
+def test_planted_meeting_checker_that_lets_the_request_s_times_stand_anywhere_is_caught_by_the_window(validator, outcomes):
+    """certify-18: a meeting checker that reads the invite's description but lets every time the request names stand
+    in it (the embedded-29 check: "between 09:00 and 17:00" made 09:00 and 17:00 allowed anywhere) lets "Launch
+    go/no-go: 2026-03-03 at 09:00 UTC." through on a 12:00 meeting: the mutant giving a bound of the window as the
+    start shows the gap; the embedded check (embedded-30: "~09:00", a bound only as a bound) kills it."""
+    spec = certified_spec(outcomes, "schedule_meeting")
+    item = next(r for r in spec.rubric if r.id == "meeting_booked")
+    bounds = set(re.findall(r"~([0-9]{2}:[0-9]{2})", item.code))
+    assert len(bounds) == 2, item.code[-400:]
+    lax = item.code
+    for b in bounds:
+        lax = lax.replace("~" + b, b)
+    cert = validator.certify(planted(with_item_code(spec, "meeting_booked", lax)))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    [d] = cert.diagnostics
+    assert d.detail["operator"] == "misstated_value" and "bound of the request's window" in d.message, d.message
 
 
 def test_planted_reschedule_checker_blind_to_the_description_is_caught_by_a_stale_note(validator, outcomes):
@@ -4093,6 +4113,38 @@ def op_message_gives_a_second_time(spec, turns, ref):
                 yield f"{turns[ti][si][0]}.{k}: + {later(said)!r}", _program(spec, m)
 
 
+_WINDOW_ASKED = re.compile(r"between ([0-2][0-9]:[0-5][0-9]) and ([0-2][0-9]:[0-5][0-9])")
+
+
+def _window(spec):
+    """The window of the day the request asks a meeting to fall in ("between 09:00 and 17:00 UTC"), or None."""
+    asked = next((m for t in spec.turns for m in [_WINDOW_ASKED.search(t.user)] if m), None)
+    return asked.groups() if asked else None
+
+
+def op_window_bound_as_the_time(spec, turns, ref):
+    """A new meeting's description gives one of the request's window bounds as its start ("Launch go/no-go: 2026-03-03
+    at 09:00 UTC." for a meeting at 12:00 found between 09:00 and 17:00): the invite's text misleads."""
+    window = _window(spec)
+    if window:
+        def bound(args, when):
+            at = next(w for w in window if w != _shift(when, 0)[11:16])
+            return f"{args.get('title', '')}: {when[:10]} at {at} UTC."
+        yield from _noted_when(spec, turns, {"calendar_create_event": "description"}, bound)
+
+
+def ctl_window_named_as_a_window(spec, turns, ref):
+    """CONTROL: a new meeting's description names the request's window as the window it was found in ("12:00-13:00
+    UTC, the first hour between 09:00 and 17:00 UTC when all are free; inside the 09:00-17:00 window"). Must still pass."""
+    window = _window(spec)
+    if window:
+        def inside(args, when):
+            start, end = _shift(when, 0)[11:16], _shift(str(args.get("end") or when), 0)[11:16]
+            return (f"{start}-{end} UTC, the first hour between {window[0]} and {window[1]} UTC when all are free; "
+                    f"inside the {window[0]}-{window[1]} window, after {window[0]} UTC.")
+        yield from _noted_when(spec, turns, {"calendar_create_event": "description"}, inside)
+
+
 def ctl_move_notice_from_to(spec, turns, ref):
     """CONTROL: a message about a meeting the turn moves gives the new time as a move from the old one ("... at 15:00
     UTC" -> "..., moved from 09:00 to 15:00 UTC"), the only place it states the new time. Must still pass."""
@@ -4248,7 +4300,9 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "move_notice_from_to (control)": ctl_move_notice_from_to,
              "amount_as_a_spaced_record_number": op_amount_as_a_spaced_record_number,
              "times_with_a_dot_or_in_hours (control)": ctl_times_with_a_dot_or_in_hours,
-             "time_with_a_dot_or_in_hours_off": op_time_with_a_dot_or_in_hours_off}
+             "time_with_a_dot_or_in_hours_off": op_time_with_a_dot_or_in_hours_off,
+             "window_bound_as_the_time": op_window_bound_as_the_time,
+             "window_named_as_a_window (control)": ctl_window_named_as_a_window}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

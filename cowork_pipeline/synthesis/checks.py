@@ -135,7 +135,8 @@ def _stray_people(text, ev, allowed):
 def _stray_when(text, allowed):
     # a date, or a utc time of day, stated in ``text`` that is none of ``allowed`` ("|"-joined iso dates and hh:mm;
     # "..15:00" only as a range's end: "14:00-15:00", "until 15:00", not "at 15:00"; "<15:00" only as what the record
-    # was: "moved from 15:00", "was 15:00", "15:00 did not work", not "moved to 15:00"): a note that gives its record
+    # was: "moved from 15:00", "was 15:00", "15:00 did not work", not "moved to 15:00"; "~09:00" only as a window's
+    # bound, as the request gave it: "between 09:00 and 17:00", not "at 09:00"): a note that gives its record
     # another day or time than the record's misleads whoever reads it. Times are judged only where ``allowed`` has
     # one (a task's notes may well say "call at 15:00"); a time on another clock ("16:00 cet") is not judged, nor a
     # date without its month ("3/5" may be a fraction, "the 5th" any month's)
@@ -169,7 +170,7 @@ def _stray_when(text, allowed):
             return True
     timed = False  # (loops, not generator expressions: each nested code object adds to a checker's instantiation)
     for a in ok:
-        timed = timed or len(a.lstrip("<")) in (5, 7)
+        timed = timed or len(a.lstrip("<~")) in (5, 7)
     if not timed:
         return False
     # times of day: 15:00 (not an offset "-05:00" after seconds), 3pm, 3:30 p.m., 15h00, 1500 hrs, 1500z, 15.00 utc
@@ -197,9 +198,19 @@ def _stray_when(text, allowed):
             continue
         if "<" + hm in ok and _was(t, start, end):
             continue
+        if "~" + hm in ok and _bound(t, start, end):
+            continue
         if ".." + hm not in ok or re.search("(?:[0-9][ ]*(?:[ap][.]?m[.]?|utc)?[ ]*(?:-|to)|until|till|ends?|ending|finish(?:es|ing)?)(?:[ ]+at)?[ ]*$", t[max(0, start - 16):start]) is None:
             return True
     return False
+
+def _bound(t, start, end):
+    # the time at t[start:end] is a window's bound, as the task gave it ("between 09:00 and 17:00", "your 09:00-17:00
+    # window", "after 09:00"), not a time something happens at ("at 09:00", "moved to 09:00")
+    import re
+    if re.search("(?:between|after|before|until|till|no earlier than|no later than|[0-9](?:[ ]*(?:[ap][.]?m[.]?|utc))?[ ]*(?:-|to|and))[ ]*$", t[max(0, start - 24):start]):
+        return True
+    return re.match("[ ]*(?:[ap][.]?m[.]?[ ]*)?(?:utc[ ]*)?(?:-|to|and)[ ]*[0-9]", t[end:end + 24]) is not None
 
 def _was(t, start, end):
     # the value at t[start:end] is what the record was, not what it is: the nearest pointing word before it points

@@ -424,10 +424,14 @@ def _record_text_misstatements(env: EnvironmentSpec, s: Step, involved: str = ""
 WHEN_ARG = {"calendar_create_event": "start", "calendar_update_event": "start", "tasks_create": "due", "tasks_update": "due"}
 
 
+_WINDOW = re.compile(r"\bbetween ((?:[01][0-9]|2[0-3]):[0-5][0-9]) and ((?:[01][0-9]|2[0-3]):[0-5][0-9])")
+
+
 def _misstated_when(env: EnvironmentSpec, s: Step, involved: str, before: dict[str, Any]) -> tuple[str, str] | None:
     """A line for the step's record text that states its day or time wrong. A move (the record ``before`` the step had
     another start or due date): its old time or date as its time ("Design review: 2026-03-05 at 10:00 UTC." on a
-    meeting moved from 10:00 to 11:00: a note a move left stale), unless the task's texts give it. Else: the start an
+    meeting moved from 10:00 to 11:00: a note a move left stale), unless the task's texts give it. A new meeting the
+    request asks for in a window ("between 09:00 and 17:00"): a bound of it as its start. Else: the start an
     hour (or more) later the same day ("Hiring sync: 2026-03-04 at 16:00 UTC." on a 15:00 meeting), the due date a day
     (or more) later ("Due 2026-03-17." on a task due the 16th), never a time or date the task itself gives (its
     request, its colleagues' updates, today): the note may name those. None where the step sets no day."""
@@ -449,6 +453,11 @@ def _misstated_when(env: EnvironmentSpec, s: Step, involved: str, before: dict[s
             was = was.astimezone(timezone.utc) if was.tzinfo else was
             if was != at and f"{was:%H:%M}" not in given:  # (a time the task's texts give may stand in the note)
                 return f"{title}: {was:%Y-%m-%d} at {was:%H:%M} UTC.", f"states the start it had before the move ({was:%H:%M} UTC)"
+        # a bound of the window the request gives ("between 09:00 and 17:00") given as the start: a checker that lets
+        # every time the task's texts name stand anywhere in a note passes it
+        bound = next((b for w in _WINDOW.finditer(given) for b in w.groups() if b != f"{at:%H:%M}"), None)
+        if bound is not None:
+            return f"{title}: {at:%Y-%m-%d} at {bound} UTC.", f"states a bound of the request's window as the start ({bound} UTC)"
         later = next((h for h in range(1, 24) if (at + timedelta(hours=h)).date() == at.date()
                       and f"{at + timedelta(hours=h):%H:%M}" not in seen), None)
         if later is None:

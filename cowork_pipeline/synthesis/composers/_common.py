@@ -32,7 +32,8 @@ def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = 
     read as their date and HH:MM), the times it ``ends`` (as a range's end only: "14:00-15:00", not "at 15:00"), what
     it ``was`` before a move (only as what it was: "moved from 10:00", not "moved to 10:00") and every ISO date and
     HH:MM time ``texts`` give (the request, the colleague's update, the workspace's today): a note on the record may
-    name those, and no other."""
+    name those, and no other. A time a text gives as a window's bound ("between 09:00 and 17:00", "09:00-17:00",
+    "after 09:00") may stand only as one again ("~09:00": "inside your 09:00-17:00 window", not "at 09:00")."""
     out: list[str] = []
     for v in own:
         out += [v[:10]] + ([v[11:16]] if len(v) >= 16 else [])
@@ -40,9 +41,21 @@ def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = 
         out += [v[:10], ".." + v[11:16]]
     for v in was:
         out += ["<" + v[:10]] + (["<" + v[11:16]] if len(v) >= 16 else [])
+    given: list[str] = []
     for text in texts:
-        out += re.findall(r"(?<![0-9])[0-9]{4}-[0-9]{2}-[0-9]{2}(?![0-9])|(?<![0-9:])[0-9]{2}:[0-9]{2}(?![0-9])", text)
+        for m in re.finditer(r"(?<![0-9])[0-9]{4}-[0-9]{2}-[0-9]{2}(?![0-9])|(?<![0-9:])[0-9]{2}:[0-9]{2}(?![0-9])", text):
+            bound = len(m.group(0)) == 5 and (_WINDOW_BEFORE.search(text[max(0, m.start() - 24):m.start()].lower()) is not None
+                                              or _WINDOW_AFTER.match(text[m.end():m.end() + 24].lower()) is not None)
+            given.append(("~" if bound else "") + m.group(0))
+    # a time given as a bound and also plainly (or as the record's own) stands plainly
+    out += [v for v in given if not (v[0] == "~" and (v[1:] in given or v[1:] in out))]
     return sorted(set(out))
+
+
+# A window's bound in a task's text: after "between", "from" (with an end), "after", "before", "until", or a time and "-",
+# "to", "and"; or before "-", "to", "and" and another time.
+_WINDOW_BEFORE = re.compile(r"(?:between|after|before|until|till|no earlier than|no later than|[0-9]{2}:[0-9]{2}(?: ?utc)? ?(?:-|–|to|and))\s*$")
+_WINDOW_AFTER = re.compile(r"(?: ?utc)? ?(?:-|–|to|and) ?[0-9]{1,2}(?::[0-9]{2})?")
 
 
 def other_names(state: dict[str, dict[str, dict[str, Any]]], coll: str, field: str, *right: str, similar: bool = False) -> list[str]:
