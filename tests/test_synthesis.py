@@ -274,10 +274,12 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         return {"final": {"calendar.events": {"evt_1": e}}, "diff": {"calendar.events": {"added": {"evt_1": e}, "removed": {}, "changed": {}}}}
     for ok in ["", "Budget check-in, Wed March 4th, 2-3pm UTC", "14:00-15:00 UTC on 2026-03-04", "2026-03-04T14:00:00Z until 15:00",
                "Found a slot between 09:00 and 17:00; set up on March 2", "15:00 CET", "Budget 15.00 USD each", "Agenda: 3/5 of the budget",
-               "14:00-15:00 UTC, inside the 09:00-17:00 window", "The first free hour after 09:00 UTC: 14:00", "9am to 5pm UTC; 2pm it is"]:
+               "14:00-15:00 UTC, inside the 09:00-17:00 window", "The first free hour after 09:00 UTC: 14:00", "9am to 5pm UTC; 2pm it is",
+               "Requested window: 09:00 to 17:00 UTC; booked 14:00", "Earliest 09:00, latest 17:00 UTC", "Any time from 09:00 UTC worked"]:
         assert _run_check(code, booked(ok)), ok
     for wrong in ["Budget check-in: 2026-03-04 at 15:00 UTC.", "At 4pm", "2026-03-05, 14:00", "March 5th", "4 Mar 2027", "1500 hrs",
-                  "05/03/2026 at 14:00", "14.30 UTC", "Budget check-in at 09:00 UTC", "Starts 17:00 UTC", "Moved to 9am"]:
+                  "05/03/2026 at 14:00", "14.30 UTC", "Budget check-in at 09:00 UTC", "Starts 17:00 UTC", "Moved to 9am",
+                  "Starting 09:00 UTC"]:
         assert not _run_check(code, booked(wrong)), wrong  # (the window's bounds only as bounds: "at 09:00" misleads)
     assert not _run_check(code, booked("", title="Budget check-in 16:00"))
     task = source(CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"due": "2026-03-16"},

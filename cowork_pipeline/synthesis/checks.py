@@ -206,9 +206,9 @@ def _stray_when(text, allowed):
 
 def _bound(t, start, end):
     # the time at t[start:end] is a window's bound, as the task gave it ("between 09:00 and 17:00", "your 09:00-17:00
-    # window", "after 09:00"), not a time something happens at ("at 09:00", "moved to 09:00")
+    # window", "after 09:00", "earliest: 09:00"), not a time something happens at ("at 09:00", "moved to 09:00")
     import re
-    if re.search("(?:between|after|before|until|till|no earlier than|no later than|[0-9](?:[ ]*(?:[ap][.]?m[.]?|utc))?[ ]*(?:-|to|and))[ ]*$", t[max(0, start - 24):start]):
+    if re.search("(?:between|from|after|before|until|till|earliest|latest|window|no earlier than|no later than|[0-9](?:[ ]*(?:[ap][.]?m[.]?|utc))?[ ]*(?:-|to|and))[ ]*(?:at[ ]+)?[:]?[ ]*$", t[max(0, start - 24):start]):
         return True
     return re.match("[ ]*(?:[ap][.]?m[.]?[ ]*)?(?:utc[ ]*)?(?:-|to|and)[ ]*[0-9]", t[end:end + 24]) is not None
 
