@@ -290,6 +290,8 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         return {"final": {"tasks.tasks": {"tsk_1": t}}, "diff": {"tasks.tasks": {"added": {"tsk_1": t}, "removed": {}, "changed": {}}}}
     for ok in ["Due March 16th, the start date.", "Call at 15:30 to check in", "Due 16 March 2026"]:
         assert _run_check(task, created(ok)), ok
+    # a task has no time of day: none is taken from the texts (an email's timestamp would judge "call at 15:30")
+    assert dates_given("Aiko's email of 2026-02-28T07:00:00Z, by 2026-03-16 at 17:00", own=("2026-03-16",)) == ["2026-02-28", "2026-03-16"]
     for wrong in ["Due 2026-03-17.", "Due March 17", "Due 16 March 2027"]:
         assert not _run_check(task, created(wrong)), wrong
     moved = source(CheckSpec("field_equals", {"collection": "calendar.events", "id": "evt_1",
@@ -4147,6 +4149,19 @@ def ctl_window_named_as_a_window(spec, turns, ref):
         yield from _noted_when(spec, turns, {"calendar_create_event": "description"}, inside)
 
 
+def ctl_task_note_gives_a_time_of_day(spec, turns, ref):
+    """CONTROL: a task given notes that say when to do a part of it, at a time of day ("Call to confirm at 15:30 UTC;
+    the request came in at 07:10."): a task has a due date, no time a note could misstate. Must still pass."""
+    m, said = copy.deepcopy(turns), []
+    for ti, si in _write_sites(turns):
+        tool, args, _ = m[ti][si]
+        if tool in ("tasks_create", "tasks_update") and (args.get("due") or args.get("notes")):
+            args["notes"] = ((args.get("notes") or "").rstrip() + " Call to confirm at 15:30 UTC; the request came in at 07:10.").lstrip()
+            said.append(f"turn {ti} {tool}.notes")
+    if said:
+        yield "; ".join(said)[:160], _program(spec, m)
+
+
 def ctl_move_notice_from_to(spec, turns, ref):
     """CONTROL: a message about a meeting the turn moves gives the new time as a move from the old one ("... at 15:00
     UTC" -> "..., moved from 09:00 to 15:00 UTC"), the only place it states the new time. Must still pass."""
@@ -4304,7 +4319,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "times_with_a_dot_or_in_hours (control)": ctl_times_with_a_dot_or_in_hours,
              "time_with_a_dot_or_in_hours_off": op_time_with_a_dot_or_in_hours_off,
              "window_bound_as_the_time": op_window_bound_as_the_time,
-             "window_named_as_a_window (control)": ctl_window_named_as_a_window}
+             "window_named_as_a_window (control)": ctl_window_named_as_a_window,
+             "task_note_gives_a_time_of_day (control)": ctl_task_note_gives_a_time_of_day}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -32,7 +32,7 @@ def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = 
     read as their date and HH:MM), the times it ``ends`` (as a range's end only: "14:00-15:00", not "at 15:00"), what
     it ``was`` before a move (only as what it was: "moved from 10:00", not "moved to 10:00") and every ISO date and
     HH:MM time ``texts`` give (the request, the colleague's update, the workspace's today): a note on the record may
-    name those, and no other. A time a text gives as a window's bound ("between 09:00 and 17:00", "09:00-17:00",
+    name those, and no other. Times are given only for a record with a time of day (a meeting, not a task). A time a text gives as a window's bound ("between 09:00 and 17:00", "09:00-17:00",
     "after 09:00") may stand only as one again ("~09:00": "inside your 09:00-17:00 window", not "at 09:00")."""
     out: list[str] = []
     for v in own:
@@ -41,9 +41,12 @@ def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = 
         out += [v[:10], ".." + v[11:16]]
     for v in was:
         out += ["<" + v[:10]] + (["<" + v[11:16]] if len(v) >= 16 else [])
+    # A record without a time of day (a task: its due date) has no time a note could misstate: times are judged only
+    # where a time is allowed, so none is taken from the texts either (an email's "07:00" would judge "call at 15:30").
+    timed = any(len(v) >= 16 for v in own + ends + was)
     given: list[str] = []
     for text in texts:
-        for m in re.finditer(r"(?<![0-9])[0-9]{4}-[0-9]{2}-[0-9]{2}(?![0-9])|(?<![0-9:])[0-9]{2}:[0-9]{2}(?![0-9])", text):
+        for m in re.finditer(r"(?<![0-9])[0-9]{4}-[0-9]{2}-[0-9]{2}(?![0-9])" + (r"|(?<![0-9:])[0-9]{2}:[0-9]{2}(?![0-9])" if timed else ""), text):
             bound = len(m.group(0)) == 5 and (_WINDOW_BEFORE.search(text[max(0, m.start() - 24):m.start()].lower()) is not None
                                               or _WINDOW_AFTER.match(text[m.end():m.end() + 24].lower()) is not None)
             given.append(("~" if bound else "") + m.group(0))
