@@ -264,7 +264,7 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
     note's time of day are not judged."""
     dates = dates_given("Find a slot on Wednesday 2026-03-04 (between 09:00 and 17:00 UTC)", "2026-03-02",
                         own=("2026-03-04T14:00:00+00:00",), ends=("2026-03-04T15:00:00+00:00",))
-    assert dates == ["..15:00", "14:00", "2026-03-02", "2026-03-04", "~09:00", "~17:00"]  # (the request's window: "~")
+    assert dates == ["..15:00", "14:00", "2026-03-04", "^2026-03-02", "~09:00", "~17:00"]  # (the request's window: "~"; today: "^")
     code = source(CheckSpec("event_at", {"start_utc": "2026-03-04T14:00:00+00:00", "minutes": 60, "attendees": ["a@northwind.example"],
                                          "title": "Budget check-in", "when_allowed": dates}))
 
@@ -279,7 +279,7 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         assert _run_check(code, booked(ok)), ok
     for wrong in ["Budget check-in: 2026-03-04 at 15:00 UTC.", "At 4pm", "2026-03-05, 14:00", "March 5th", "4 Mar 2027", "1500 hrs",
                   "05/03/2026 at 14:00", "14.30 UTC", "Budget check-in at 09:00 UTC", "Starts 17:00 UTC", "Moved to 9am",
-                  "Starting 09:00 UTC"]:
+                  "Starting 09:00 UTC", "Budget check-in: 2026-03-02 at 14:00 UTC", "2pm UTC on March 2"]:
         assert not _run_check(code, booked(wrong)), wrong  # (the window's bounds only as bounds: "at 09:00" misleads)
     assert not _run_check(code, booked("", title="Budget check-in 16:00"))
     task = source(CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"due": "2026-03-16"},
@@ -290,8 +290,15 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         return {"final": {"tasks.tasks": {"tsk_1": t}}, "diff": {"tasks.tasks": {"added": {"tsk_1": t}, "removed": {}, "changed": {}}}}
     for ok in ["Due March 16th, the start date.", "Call at 15:30 to check in", "Due 16 March 2026"]:
         assert _run_check(task, created(ok)), ok
-    # a task has no time of day: none is taken from the texts (an email's timestamp would judge "call at 15:30")
-    assert dates_given("Aiko's email of 2026-02-28T07:00:00Z, by 2026-03-16 at 17:00", own=("2026-03-16",)) == ["2026-02-28", "2026-03-16"]
+    # a task has no time of day: none is taken from the texts (an email's timestamp would judge "call at 15:30"); a day
+    # the texts give that is not its own may be named, not as its due date ("^")
+    emailed = dates_given("Aiko's email of 2026-02-28T07:00:00Z, by 2026-03-16 at 17:00", own=("2026-03-16",))
+    assert emailed == ["2026-03-16", "^2026-02-28"]
+    task = source(CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"due": "2026-03-16"}, "when_allowed": {"notes": emailed}}))
+    for ok in ["Due 2026-03-16; from Aiko's email of 2026-02-28 07:00 UTC", "Asked on Feb 28, due March 16"]:
+        assert _run_check(task, created(ok)), ok
+    for wrong in ["Due 2026-02-28.", "Due by February 28"]:
+        assert not _run_check(task, created(wrong)), wrong
     for wrong in ["Due 2026-03-17.", "Due March 17", "Due 16 March 2027"]:
         assert not _run_check(task, created(wrong)), wrong
     moved = source(CheckSpec("field_equals", {"collection": "calendar.events", "id": "evt_1",
@@ -1181,6 +1188,25 @@ def test_planted_meeting_checker_that_lets_the_request_s_times_stand_anywhere_is
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     [d] = cert.diagnostics
     assert d.detail["operator"] == "misstated_value" and "bound of the request's window" in d.message, d.message
+
+
+def test_planted_task_checkers_that_let_the_task_s_days_stand_anywhere_are_caught_by_today(validator, outcomes):
+    """certify-18: task checkers that read the notes but let every day the task's texts name stand in them (the
+    embedded-29 checks: today and the start date allowed anywhere) let "Due 2026-03-02." through on a task due the
+    9th: the mutant giving today as the due date shows the gap; the embedded checks (embedded-30: "^2026-03-02", a
+    day the texts give only as another day than the task's) kill it."""
+    spec = certified_spec(outcomes, "onboarding_plan")
+    lax = spec
+    for item in spec.rubric:
+        if "^20" in item.code:
+            lax = with_item_code(lax, item.id, re.sub(r"\^(20[0-9]{2}-)", r"\1", item.code))
+    assert lax is not spec
+    cert = validator.certify(planted(lax))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert any("as the due date" in d.message and "states today" in d.message for d in cert.diagnostics), [d.message for d in cert.diagnostics]
+    [orig] = [o.final.certification for o in outcomes["onboarding_plan"] if o.accepted and o.final.draft.spec is spec]
+    today = [m for m in orig.mutants if "states today" in m["description"]]
+    assert today and all(m["killed"] for m in today), today
 
 
 def test_planted_reschedule_checker_blind_to_the_description_is_caught_by_a_stale_note(validator, outcomes):
@@ -4149,6 +4175,22 @@ def ctl_window_named_as_a_window(spec, turns, ref):
         yield from _noted_when(spec, turns, {"calendar_create_event": "description"}, inside)
 
 
+def op_note_gives_today_as_the_day(spec, turns, ref):
+    """A new or moved meeting or task given a description / notes that states today (the day the task is asked) as its
+    day ("Launch go/no-go: 2026-03-02 at 12:00 UTC." on a meeting the next day, "Due 2026-03-02." on a task due the
+    9th): the note misleads whoever reads it."""
+    today = f"{datetime(2026, 3, 2):%Y-%m-%d}"
+
+    def stated(args, when):
+        if when[:10] == today:
+            return None
+        return f"{args.get('title', 'Meeting')}: {today} at {_shift(when, 0)[11:16]} UTC." if "T" in when else f"Due {today}."
+    for desc, program in _noted_when(spec, turns, {"calendar_create_event": "description", "calendar_update_event": "description",
+                                                   "tasks_create": "notes", "tasks_update": "notes"}, lambda a, w: stated(a, w) or ""):
+        if not desc.endswith("''"):
+            yield desc, program
+
+
 def ctl_task_note_gives_a_time_of_day(spec, turns, ref):
     """CONTROL: a task given notes that say when to do a part of it, at a time of day ("Call to confirm at 15:30 UTC;
     the request came in at 07:10."): a task has a due date, no time a note could misstate. Must still pass."""
@@ -4320,7 +4362,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "time_with_a_dot_or_in_hours_off": op_time_with_a_dot_or_in_hours_off,
              "window_bound_as_the_time": op_window_bound_as_the_time,
              "window_named_as_a_window (control)": ctl_window_named_as_a_window,
-             "task_note_gives_a_time_of_day (control)": ctl_task_note_gives_a_time_of_day}
+             "task_note_gives_a_time_of_day (control)": ctl_task_note_gives_a_time_of_day,
+             "note_gives_today_as_the_day": op_note_gives_today_as_the_day}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

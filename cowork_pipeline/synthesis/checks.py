@@ -136,7 +136,9 @@ def _stray_when(text, allowed):
     # a date, or a utc time of day, stated in ``text`` that is none of ``allowed`` ("|"-joined iso dates and hh:mm;
     # "..15:00" only as a range's end: "14:00-15:00", "until 15:00", not "at 15:00"; "<15:00" only as what the record
     # was: "moved from 15:00", "was 15:00", "15:00 did not work", not "moved to 15:00"; "~09:00" only as a window's
-    # bound, as the request gave it: "between 09:00 and 17:00", not "at 09:00"): a note that gives its record
+    # bound, as the request gave it: "between 09:00 and 17:00", not "at 09:00"; "^2026-03-02" a day the task's texts
+    # give (today, the day an email came) but not as the record's: "set up on 2026-03-02", not "2026-03-02 at 13:00"
+    # nor "due 2026-03-02"): a note that gives its record
     # another day or time than the record's misleads whoever reads it. Times are judged only where ``allowed`` has
     # one (a task's notes may well say "call at 15:00"); a time on another clock ("16:00 cet") is not judged, nor a
     # date without its month ("3/5" may be a fraction, "the 5th" any month's)
@@ -145,6 +147,9 @@ def _stray_when(text, allowed):
     if re.search("[0-9]|noon|midday", t) is None:
         return False  # no figure at all
     ok = allowed.split("|")
+    timed = False  # (loops, not generator expressions: each nested code object adds to a checker's instantiation)
+    for a in ok:
+        timed = timed or len(a.lstrip("<~")) in (5, 7)
     months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
     found = []  # (year or "", month, day, either reading, where): 2026-03-05, 05/03/2026, march 5th 2026, 5 march, 5-mar-2026
     # (one expression per kind, each starting where its figures do: a checker runs this on every message it reads)
@@ -163,14 +168,14 @@ def _stray_when(text, allowed):
     for y, mo, d, either, m in found:
         right = False
         for a in ok:
-            iso = a.lstrip("<")
+            iso = a.lstrip("<^")
             if len(iso) == 10 and y in ("", iso[:4]) and ((mo, d) == (int(iso[5:7]), int(iso[8:10])) or (either and (d, mo) == (int(iso[5:7]), int(iso[8:10])))):
-                right = right or a == iso or _was(t, m.start(), m.end())
+                if a[0] == "^":
+                    right = right or not _as_when(t, m.start(), m.end(), timed)
+                else:
+                    right = right or a == iso or _was(t, m.start(), m.end())
         if not right:
             return True
-    timed = False  # (loops, not generator expressions: each nested code object adds to a checker's instantiation)
-    for a in ok:
-        timed = timed or len(a.lstrip("<~")) in (5, 7)
     if not timed:
         return False
     # times of day: 15:00 (not an offset "-05:00" after seconds), 3pm, 3:30 p.m., 15h00, 1500 hrs, 1500z, 15.00 utc
@@ -203,6 +208,19 @@ def _stray_when(text, allowed):
         if ".." + hm not in ok or re.search("(?:[0-9][ ]*(?:[ap][.]?m[.]?|utc)?[ ]*(?:-|to)|until|till|ends?|ending|finish(?:es|ing)?)(?:[ ]+at)?[ ]*$", t[max(0, start - 16):start]) is None:
             return True
     return False
+
+def _as_when(t, start, end, timed):
+    # the date at t[start:end] is given as the record's day: as a due date ("due 2026-03-02", "by March 2") or, on a
+    # record with a time of day (a meeting: ``timed``), next to a clock time: "2026-03-02 at 13:00", "13:00 on 2026-03-02";
+    # not as a day something else happened on ("set up on 2026-03-02", "your email of March 2, 07:00")
+    import re
+    if re.search("(?:due|deadline|by)[ :]*(?:on[ ]+)?$", t[max(0, start - 16):start]):
+        return True
+    if not timed:
+        return False
+    if re.match("[ ]*(?:at[ ]+|t)?(?:[0-9]{1,2}(?::[0-9]{2}|[ ]*[ap][.]?m(?![a-z]))|noon|midday)", t[end:end + 16]):
+        return True
+    return re.search("[0-9]{1,2}(?::[0-9]{2}|[ ]*[ap][.]?m[.]?)(?:[ ]*utc)?[ ]*(?:on[ ]+)?$", t[max(0, start - 24):start]) is not None
 
 def _bound(t, start, end):
     # the time at t[start:end] is a window's bound, as the task gave it ("between 09:00 and 17:00", "your 09:00-17:00

@@ -431,7 +431,8 @@ def _misstated_when(env: EnvironmentSpec, s: Step, involved: str, before: dict[s
     """A line for the step's record text that states its day or time wrong. A move (the record ``before`` the step had
     another start or due date): its old time or date as its time ("Design review: 2026-03-05 at 10:00 UTC." on a
     meeting moved from 10:00 to 11:00: a note a move left stale), unless the task's texts give it. A new meeting the
-    request asks for in a window ("between 09:00 and 17:00"): a bound of it as its start. Else: the start an
+    request asks for in a window ("between 09:00 and 17:00"): a bound of it as its start. A task due another day
+    than today: today as its due date ("Due 2026-03-02."). Else: the start an
     hour (or more) later the same day ("Hiring sync: 2026-03-04 at 16:00 UTC." on a 15:00 meeting), the due date a day
     (or more) later ("Due 2026-03-17." on a task due the 16th), never a time or date the task itself gives (its
     request, its colleagues' updates, today): the note may name those. None where the step sets no day."""
@@ -466,6 +467,11 @@ def _misstated_when(env: EnvironmentSpec, s: Step, involved: str, before: dict[s
         return f"{title}: {new:%Y-%m-%d} at {new:%H:%M} UTC.", f"states the start as {new:%H:%M} UTC"
     if was is not None and was.date() != at.date() and f"{was:%Y-%m-%d}" not in given:
         return f"Due {was:%Y-%m-%d}.", f"states the due date it had before the move ({was:%Y-%m-%d})"
+    # the day the task is asked as the due date: a checker that lets every date the task's texts give (today among
+    # them) stand anywhere in a note passes it
+    today = BASE_TIME.date()
+    if today != at.date() and (was is None or today != was.date()):
+        return f"Due {today:%Y-%m-%d}.", f"states today ({today:%Y-%m-%d}) as the due date"
     day = next((d for d in range(1, 8) if f"{at + timedelta(days=d):%Y-%m-%d}" not in seen), None)
     return (f"Due {at + timedelta(days=day):%Y-%m-%d}.", f"states the due date as {at + timedelta(days=day):%Y-%m-%d}") if day else None
 

@@ -32,7 +32,9 @@ def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = 
     read as their date and HH:MM), the times it ``ends`` (as a range's end only: "14:00-15:00", not "at 15:00"), what
     it ``was`` before a move (only as what it was: "moved from 10:00", not "moved to 10:00") and every ISO date and
     HH:MM time ``texts`` give (the request, the colleague's update, the workspace's today): a note on the record may
-    name those, and no other. Times are given only for a record with a time of day (a meeting, not a task). A time a text gives as a window's bound ("between 09:00 and 17:00", "09:00-17:00",
+    name those, and no other, and a day the texts give that is not the record's own not as its day ("^2026-03-02":
+    "set up on 2026-03-02", not "2026-03-02 at 13:00" nor "due 2026-03-02"). Times are given only for a record with a
+    time of day (a meeting, not a task). A time a text gives as a window's bound ("between 09:00 and 17:00", "09:00-17:00",
     "after 09:00") may stand only as one again ("~09:00": "inside your 09:00-17:00 window", not "at 09:00")."""
     out: list[str] = []
     for v in own:
@@ -50,8 +52,13 @@ def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = 
             bound = len(m.group(0)) == 5 and (_WINDOW_BEFORE.search(text[max(0, m.start() - 24):m.start()].lower()) is not None
                                               or _WINDOW_AFTER.match(text[m.end():m.end() + 24].lower()) is not None)
             given.append(("~" if bound else "") + m.group(0))
-    # a time given as a bound and also plainly (or as the record's own) stands plainly
-    out += [v for v in given if not (v[0] == "~" and (v[1:] in given or v[1:] in out))]
+    # a time given as a bound and also plainly (or as the record's own) stands plainly; a day the texts give that is
+    # not the record's own may be named, but not as its day ("^": "set up on 2026-03-02", not "due 2026-03-02")
+    for v in given:
+        if len(v) == 10:
+            out.append(v if v in out else "^" + v)
+        elif not (v[0] == "~" and (v[1:] in given or v[1:] in out)):
+            out.append(v)
     return sorted(set(out))
 
 
