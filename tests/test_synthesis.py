@@ -318,6 +318,40 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
         assert not _run_check(moved, rescheduled(wrong)), wrong
 
 
+def test_an_answer_or_notice_may_give_the_other_days_of_a_recurring_meeting(promoted):
+    """embedded-30: the other weekly days of a recurring meeting are its series' own, not days the task's texts merely
+    give: an answer may say "then 2026-03-11 at 14:00 UTC" and a cancellation notice "the 2026-03-11 one stays at
+    14:00", next to a clock time (a day the texts give that is not the record's own may not be). Today next to the
+    time still fails."""
+    from cowork_pipeline.runner import run_episode
+
+    checked = set()
+    for cid in ("next_meeting_question", "calendar_cancel_notify"):
+        for spec, cert in [(s, c) for s, c in promoted if s.capability_id == cid]:
+            item = next(r for r in spec.rubric if r.id in ("next_given", "notice_posted"))
+            at = datetime.fromisoformat(re.search(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}", item.description).group(0))  # the meeting's day
+            allowed = re.search(r"_stray_when\([^\n]*'([^'\n]*[|][^'\n]*)'\)", item.code).group(1).split("|")
+            hhmm = next(a for a in allowed if re.fullmatch(r"[0-9]{2}:[0-9]{2}", a))  # the meeting's own time
+            others = [a for a in allowed if re.fullmatch(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}", a) and a != f"{at:%Y-%m-%d}"]
+            if not others:
+                continue  # (a meeting without other instances in this world)
+            checked.add(cid)
+            for extra, ok in ((f" (then {others[-1]} at {hhmm} UTC)", True), (f" The {others[0]} one stays at {hhmm} UTC.", True),
+                              (f" See you 2026-03-02 at {hhmm} UTC.", False)):
+                turns = _executed(spec, cert.reference)
+                if cid == "next_meeting_question":
+                    reference = [ProgramTurn(steps=t.steps, reply=t.reply + (extra if i == 0 else "")) for i, t in enumerate(spec.reference)]
+                    edited = spec.model_copy(update={"reference": reference})
+                else:
+                    edited = spec.model_copy(update={"reference": [ProgramTurn(
+                        steps=[st.model_copy(update={"args": {**st.args, "text": st.args["text"] + extra}}) if st.tool == "chat_post_message" else st
+                               for st in t.steps], reply=t.reply) for t in spec.reference]})
+                traj = run_episode(edited, ProgramAgent(edited.reference, name="reference"))
+                assert traj.termination == "completed" and turns
+                assert _run_check(item.code, traj.evidence(item.turn)) is ok, (cid, extra)
+    assert checked == {"next_meeting_question", "calendar_cancel_notify"}
+
+
 def test_a_message_about_a_meeting_gives_no_second_time():
     """embedded-29: a message check with ``when_allowed`` reads the sender's own words for a second date or time:
     "moved to 11:00 UTC. See you at 13:00 UTC." fails; the time before the move as what it was, the meeting's end as a

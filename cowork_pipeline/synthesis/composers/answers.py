@@ -158,7 +158,7 @@ def next_meeting_question(ctx: Ctx) -> Composition:
     # the same 1:1 last week (past) and next week (not the next one), and a team meeting with them before it
     for weeks in (-1, 1):
         wb.add_event(title, day.replace(hour=h) + timedelta(days=7 * weeks), 30, [peer["email"]])["location"] = rooms[0]
-    series = [f"{day + timedelta(days=7 * weeks):%Y-%m-%d}" for weeks in (-1, 1)]  # (an answer may say when the others are)
+    series = [f"{day + timedelta(days=7 * weeks):%Y-%m-%d}" for weeks in (-1, 1)]  # (an answer may say when the others are: the series' own days)
     team = wb.add_event("Team sync", BASE.replace(hour=11 + slot.randrange(4)), 45, [peer["email"], wb.add_person()["email"]])
     team["location"] = rooms[1]
     for _ in range(ctx.near_duplicates):  # a namesake colleague with a 1:1 of the same title, sooner
@@ -193,14 +193,14 @@ def next_meeting_question(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("next_given", f"The answer gives the next 1:1: {_slot(day, h)}, in {rooms[0]}",
                  CheckSpec("answer", {"turn": 0, "includes": [rooms[0]], "when": {"date": f"{day:%Y-%m-%d}", "time": f"{h:02d}:00"},
-                                      "excludes": others, "when_allowed": dates_given(user1, f"{BASE:%Y-%m-%d}", *series, own=(one["start"],), ends=(one["end"],))},
+                                      "excludes": others, "when_allowed": dates_given(user1, f"{BASE:%Y-%m-%d}", own=(one["start"], *series), ends=(one["end"],))},
                            service="answer"), 2.0, turn=0, extra={"piece": "slot"}),
         ItemPlan("looked_up", "The agent read the 1:1's record (its room) before answering",
                  CheckSpec("looked_up", {"turn": 0, "shows": [one["id"], rooms[0]]}, service="calendar"), 1.0, turn=0,
                  extra={"piece": "slot"}),
         ItemPlan("moved_given", f"After the move the answer gives {_slot(day2, h2)}, in {rooms[2]}",
                  CheckSpec("answer", {"turn": 1, "includes": [rooms[2]], "when": {"date": f"{day2:%Y-%m-%d}", "time": f"{h2:02d}:00"},
-                                      "excludes": others, "when_allowed": dates_given(user2, f"{BASE:%Y-%m-%d}", *series, own=(new.isoformat(),),
+                                      "excludes": others, "when_allowed": dates_given(user2, f"{BASE:%Y-%m-%d}", own=(new.isoformat(), *series),
                                                                                       ends=((new + dur).isoformat(),), was=(one["start"], one["end"]))},
                            service="answer"), 2.0, turn=1),
         ItemPlan("looked_again", "The agent read the 1:1 again after it moved",

@@ -498,7 +498,7 @@ def calendar_cancel_notify(ctx: Ctx) -> Composition:
                  CheckSpec("field_equals", {"collection": "calendar.events", "id": evt["id"], "fields": {"status": "cancelled"}}, service="calendar"), 2.0),
         ItemPlan("notice_posted", f"A post in #{chan} says '{title}' on {day:%Y-%m-%d} is cancelled",
                  CheckSpec("chat_posted", {"channel_id": channel["id"], "includes": [title], "says": [CANCELLED], "when": {"date": f"{day:%Y-%m-%d}"},
-                                           "when_allowed": dates_given(user, f"{BASE:%Y-%m-%d}", *series, own=(evt["start"],), ends=(evt["end"],))},
+                                           "when_allowed": dates_given(user, f"{BASE:%Y-%m-%d}", own=(evt["start"], *series), ends=(evt["end"],))},
                            service="chat"), 1.0),
     ]
     return Composition(
