@@ -294,6 +294,7 @@ def test_a_note_on_a_record_gives_no_other_day_or_time():
     # the texts give that is not its own may be named, not as its due date ("^")
     emailed = dates_given("Aiko's email of 2026-02-28T07:00:00Z, by 2026-03-16 at 17:00", own=("2026-03-16",))
     assert emailed == ["2026-03-16", "^2026-02-28"]
+    assert dates_given("Order a laptop (no due date); Marcus starts 2026-03-09", "2026-03-02") == ["2026-03-02", "2026-03-09"]  # no day of its own
     task = source(CheckSpec("record_created", {"collection": "tasks.tasks", "match": {"due": "2026-03-16"}, "when_allowed": {"notes": emailed}}))
     for ok in ["Due 2026-03-16; from Aiko's email of 2026-02-28 07:00 UTC", "Asked on Feb 28, due March 16"]:
         assert _run_check(task, created(ok)), ok

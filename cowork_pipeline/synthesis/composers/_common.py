@@ -54,9 +54,10 @@ def dates_given(*texts: str, own: tuple[str, ...] = (), ends: tuple[str, ...] = 
             given.append(("~" if bound else "") + m.group(0))
     # a time given as a bound and also plainly (or as the record's own) stands plainly; a day the texts give that is
     # not the record's own may be named, but not as its day ("^": "set up on 2026-03-02", not "due 2026-03-02")
+    dated = any(len(v) >= 10 for v in own)  # (a record with no day of its own, a task without a due date, has none to misstate)
     for v in given:
         if len(v) == 10:
-            out.append(v if v in out else "^" + v)
+            out.append(v if v in out or not dated else "^" + v)
         elif not (v[0] == "~" and (v[1:] in given or v[1:] in out)):
             out.append(v)
     return sorted(set(out))
