@@ -360,7 +360,7 @@ def test_skeleton_instantiation_equals_compile_for_every_embedded_checker() -> N
         assert list(code.co_lines()) == list(real.co_lines())
     assert compiler.instantiated >= len(sources) // 2, (compiler.instantiated, len(sources))
     assert None not in compiler.skeletons.values()  # every embedded template is usable
-    assert compiler.skeleton_chars == sum(map(len, compiler.skeletons))
+    assert compiler.skeletons.chars == sum(map(len, compiler.skeletons))
 
 
 def test_a_when_checker_s_skeleton_does_not_depend_on_the_day_or_the_hour() -> None:
@@ -397,7 +397,7 @@ def test_skeleton_is_learnt_from_its_second_source() -> None:
         exec(code, g)
         assert g["check"]({f"k{i}": "v"}) is True and g["check"]({"k": "v"}) is False
     assert (compiler.compiled, compiler.instantiated) == (2, 6)
-    assert compiler.skeleton_chars == sum(map(len, compiler.skeletons))  # the memory bound's accounting
+    assert compiler.skeletons.chars == sum(map(len, compiler.skeletons))  # the memory bound's accounting
     assert compiler.compile("def check(ev):\n    return 'a' +\n").startswith("SyntaxError")
     assert compiler.compile("def check(ev):\n    return 'b' +\n").startswith("SyntaxError")  # nothing learnt from errors
 
@@ -507,13 +507,31 @@ def test_skeleton_compiler_rejects_what_it_cannot_read_exactly() -> None:
     assert _skeleton("# -*- coding: latin-1 -*-\nx = 'a'  # naïve\n")[0] == "# -*- coding: latin-1 -*-\nx = '00'  #\n"
 
 
+def test_text_cache_keeps_the_most_recently_used_within_its_bounds() -> None:
+    """The worker's caches (sources, skeletons, helpers) and the scan memo: least recently used out first, never more
+    entries nor more characters of keys than the bounds, the count of characters always right."""
+    from cowork_pipeline.validation.sandbox import _TextCache
+
+    cache = _TextCache(3, 10)
+    for key in ("aa", "bb", "cc"):
+        cache.put(key, key.upper())
+    assert cache.take("aa") == "AA" and cache.take("zz", False) is False
+    cache.put("aa", "AA")  # used again: now the most recent
+    cache.put("dd", "DD")  # evicts "bb", the least recently used
+    assert list(cache) == ["cc", "aa", "dd"] and cache.chars == 6
+    cache.put("eeeeeee", "E")  # 7 more characters: evicts until the keys fit in 10
+    assert list(cache) == ["dd", "eeeeeee"] and cache.chars == 9 == sum(map(len, cache))
+    cache.put("dd", "D2")
+    assert list(cache) == ["eeeeeee", "dd"] and cache["dd"] == "D2" and cache.chars == 9
+
+
 def test_skeleton_scan_memo_gives_the_whole_scan() -> None:
     """The scan of a source's text before its last top-level def is kept (the helpers a template's sources share);
     the skeleton with it is the one of a scan of the whole source, for every embedded checker, the tricky pairs and
     prefixes that share literals with the rest, and a prefix whose literal the scanner cannot read."""
     from cowork_pipeline.capabilities import load_catalog
     from cowork_pipeline.synthesis.embedded import EmbeddedBackend
-    from cowork_pipeline.validation.sandbox import _SCAN_MEMO_MIN_CHARS, _skeleton
+    from cowork_pipeline.validation.sandbox import _SCAN_MEMO_MIN_CHARS, _skeleton, _TextCache
 
     helpers = "".join(f"def h{i}(x):\n    return x.get('k{i % 7}', 'v')  # 'k{i}' wins\n\n" for i in range(80))
     sources = [helpers + "def check(ev):\n    return h1(ev) == 'k3' and ev.get('k1') != 'w'\n",
@@ -524,12 +542,12 @@ def test_skeleton_scan_memo_gives_the_whole_scan() -> None:
     backend = EmbeddedBackend()
     sources += [i.code for cap in sorted(load_catalog().values(), key=lambda c: c.id) for seed in range(2)
                 for i in backend.draft(cap, seed).spec.rubric]
-    memo: dict = {}
+    memo = _TextCache(128, 4_000_000)
     for _ in range(2):  # the second time every prefix is known
         for src in sources:
             assert _skeleton(src, memo) == _skeleton(src, None), src[-300:]
     assert _skeleton(sources[2], memo) is None
-    assert len(memo) >= 10
+    assert len(memo) >= 10 and memo.chars == sum(map(len, memo))
 
 
 def test_globals_do_not_leak_between_calls(sb: Sandbox) -> None:

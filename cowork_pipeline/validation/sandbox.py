@@ -284,8 +284,41 @@ _LITERAL_TOKENS = re.compile(r"""(#[^\n]*|'[^'\n]*'|"[^"\n]*")""")
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_]+")
 _PLACEHOLDERS: list[str] = []
-_SCAN_MEMO: dict[str, Any] = {}  # text before a source's last top-level def -> its scan (see ``_skeleton``)
-_SCAN_MEMO_ENTRIES = 128  # prefixes of sources up to _SKELETON_MAX_CHARS: a few MB at most
+
+
+class _TextCache(dict):  # type: ignore[type-arg]
+    """Values by text (a source, a skeleton, a checker's helpers), least recently used first, bounded in entries and
+    in the keys' total length (the worker runs under RLIMIT_AS). ``take`` a value out, ``put`` it back as the most
+    recently used. A lock keeps the count right where threads share one (the parent's scan memo)."""
+
+    def __init__(self, max_entries: int, max_chars: int) -> None:
+        super().__init__()
+        self.max_entries, self.max_chars, self.chars = max_entries, max_chars, 0
+        self.lock = threading.Lock()
+
+    def take(self, key: str, default: Any = None) -> Any:
+        with self.lock:
+            if key not in self:
+                return default
+            self.chars -= len(key)
+            return dict.pop(self, key)
+
+    def put(self, key: str, value: Any) -> None:
+        with self.lock:
+            if key in self:
+                self.chars -= len(key)
+                dict.__delitem__(self, key)
+            while self and (len(self) >= self.max_entries or self.chars + len(key) > self.max_chars):
+                oldest = next(iter(self))
+                self.chars -= len(oldest)
+                dict.__delitem__(self, oldest)
+            self.chars += len(key)
+            dict.__setitem__(self, key, value)
+
+
+# text before a source's last top-level def -> its scan (see ``_skeleton``): prefixes of sources up to
+# _SKELETON_MAX_CHARS, a few MB at most
+_SCAN_MEMO = _TextCache(128, 4_000_000)
 _SCAN_MEMO_MIN_CHARS = 2000  # shorter sources scan faster than their prefix is hashed and copied
 
 
@@ -303,7 +336,7 @@ def _placeholder(k: int) -> str:
     return _PLACEHOLDERS[k]
 
 
-def _skeleton(source: str, memo: dict[str, Any] | None = _SCAN_MEMO) -> tuple[str, int, dict[str, str]] | None:
+def _skeleton(source: str, memo: _TextCache | None = _SCAN_MEMO) -> tuple[str, int, dict[str, str]] | None:
     """(skeleton, number of string literals, placeholder -> value) of ``source``, or None when it
     has no string literal or one this scanner does not read exactly as Python does (escapes,
     line continuations, triple quotes, prefixes such as f/r/b, a carriage return: a line end to
@@ -321,18 +354,13 @@ def _skeleton(source: str, memo: dict[str, Any] | None = _SCAN_MEMO) -> tuple[st
     values: dict[str, str] = {}
     if cut:
         prefix = source[:cut]
-        state = memo.pop(prefix, None)
+        state = memo.take(prefix)
         if state is None:
             found = _scan(prefix, [], {}, 0)
             if found is None:
                 return None
             state = ("".join(found[0]), found[1], found[2], _values(found[1], 0))
-        memo[prefix] = state  # (re)inserted last: most recently used
-        try:
-            while len(memo) > _SCAN_MEMO_ENTRIES:
-                del memo[next(iter(memo))]
-        except (KeyError, RuntimeError, StopIteration):  # another thread evicted at the same time
-            pass
+        memo.put(prefix, state)
         found = _scan(source[cut:], [state[0]], dict(state[1]), state[2])
         values.update(state[3])
     else:
@@ -439,14 +467,11 @@ class _CheckerCompiler:
 
     def __init__(self, st: Any) -> None:
         self.st = st  # the worker's audit-hook state (``recode``)
-        # skeleton -> _FirstSource (seen once), (code, mutation_free) (usable) or None (compile such sources)
-        self.skeletons: dict[str, Any] = {}
-        self.skeleton_chars = 0  # total length of the keys (bounded like the worker's code cache)
+        # skeleton -> _FirstSource (seen once), (code, mutation_free, memo) (usable) or None (compile such sources)
+        self.skeletons = _TextCache(_CODE_CACHE_ENTRIES, _CODE_CACHE_CHARS)
         self.compiled = 0  # compile() calls on text (reset per batch by the worker)
         self.instantiated = 0  # sources made from a known skeleton
-        # helpers' text -> (its compile() entry, its line count), least recently used first (see compile_parts)
-        self.heads: dict[str, tuple[Any, int]] = {}
-        self.head_chars = 0
+        self.heads = _TextCache(_HEAD_CACHE_ENTRIES, _CODE_CACHE_CHARS)  # helpers' text -> (compile() entry, line count)
 
     def compile_parts(self, source: str) -> Any:
         """(the code objects to run in order in one namespace, mutation_free) for ``source``, or its compile
@@ -461,17 +486,10 @@ class _CheckerCompiler:
         cut = _helpers_end(source) if "__future__" not in source else 0  # a future import is the whole module's
         if cut:
             text = source[:cut]
-            head = self.heads.pop(text, None)
+            head = self.heads.take(text)
             if head is None:
                 head = (self.compile(text), text.count("\n"))
-            else:
-                self.head_chars -= len(text)
-            self.head_chars += len(text)
-            self.heads[text] = head  # (re)inserted last: most recently used
-            while len(self.heads) > _HEAD_CACHE_ENTRIES or self.head_chars > _CODE_CACHE_CHARS:
-                oldest = next(iter(self.heads))
-                del self.heads[oldest]
-                self.head_chars -= len(oldest)
+            self.heads.put(text, head)
             entry, lines = head
             if not isinstance(entry, str):
                 tail = self.compile("\n" * lines + source[cut:], scan_memo=None)
@@ -480,7 +498,7 @@ class _CheckerCompiler:
         whole = self.compile(source)
         return whole if isinstance(whole, str) else ((whole[0],), whole[1])
 
-    def compile(self, source: str, scan_memo: dict[str, Any] | None = _SCAN_MEMO) -> Any:
+    def compile(self, source: str, scan_memo: _TextCache | None = _SCAN_MEMO) -> Any:
         """Instantiate ``source``'s skeleton when it is known and usable (see "Compiling by skeleton"),
         else compile the text.  A skeleton is learnt when its second source arrives (a one-off
         source, e.g. an LLM's, costs one compile and a scan), against the first source's code."""
@@ -488,34 +506,23 @@ class _CheckerCompiler:
         if sk is None:
             return self._compile_text(source)
         skeleton, n_literals, values = sk
-        known = self.skeletons.pop(skeleton, False)
-        if known is not False:
-            self.skeleton_chars -= len(skeleton)
+        known = self.skeletons.take(skeleton, False)
         if known is False or type(known) is _FirstSource:
             if known is False:
                 entry = self._compile_text(source)
                 if not isinstance(entry, str):  # a source that does not compile teaches nothing
-                    self._remember(skeleton, _FirstSource(n_literals, values, entry[0]))
+                    self.skeletons.put(skeleton, _FirstSource(n_literals, values, entry[0]))
                 return entry
             known = self._learn(skeleton, known)
-        self._remember(skeleton, known)
+        self.skeletons.put(skeleton, known)
         if known is not None:
             try:
                 code = (self._swap_constants(known[0], values, known[2]), known[1])
                 self.instantiated += 1
                 return code
             except Exception:  # noqa: BLE001 - e.g. an interpreter that audits replace() differently
-                self.skeletons[skeleton] = None
+                self.skeletons.put(skeleton, None)
         return self._compile_text(source)
-
-    def _remember(self, skeleton: str, state: Any) -> None:
-        """(Re)insert ``skeleton`` last (most recently used; the caller popped it if it was known)."""
-        self.skeleton_chars += len(skeleton)
-        while self.skeletons and (len(self.skeletons) >= _CODE_CACHE_ENTRIES or self.skeleton_chars > _CODE_CACHE_CHARS):
-            oldest = next(iter(self.skeletons))  # least recently used
-            del self.skeletons[oldest]
-            self.skeleton_chars -= len(oldest)
-        self.skeletons[skeleton] = state
 
     def _compile_text(self, source: str) -> Any:
         self.compiled += 1
@@ -1768,8 +1775,7 @@ class _WorkerRuntime:
         self.memory_mb = memory_mb
         self.st = _State()
         self.recycle = False
-        self.code_cache: dict[str, Any] = {}  # source -> code object, least recently used first
-        self.code_cache_chars = 0
+        self.code_cache = _TextCache(_CODE_CACHE_ENTRIES, _CODE_CACHE_CHARS)  # source -> (code objects, mutation_free)
         self.compiler = _CheckerCompiler(self.st)
         self.decode_s = 0.0  # argument decoding, private copies and the tripwire (reported to the parent)
         self.layers: dict[str, Any] = {}
@@ -2194,20 +2200,14 @@ class _WorkerRuntime:
     def _compile(self, source: str) -> Any:
         """(code objects, mutation_free) for ``source`` (see ``_CheckerCompiler.compile_parts``), or the
         compile error as a str."""
-        cache = self.code_cache
-        code = cache.pop(source, None)
+        # Least recently used first out: sources shared by many environments (parameterless
+        # safety checks, lax checks) stay compiled across batches while one-off sources pass.
+        code = self.code_cache.take(source)
         if code is None:
             code = self.compiler.compile_parts(source)
             if isinstance(code, str):
                 return code
-            self.code_cache_chars += len(source)
-            # Least recently used first out: sources shared by many environments (parameterless
-            # safety checks, lax checks) stay compiled across batches while one-off sources pass.
-            while cache and (len(cache) >= _CODE_CACHE_ENTRIES or self.code_cache_chars > _CODE_CACHE_CHARS):
-                oldest = next(iter(cache))
-                del cache[oldest]
-                self.code_cache_chars -= len(oldest)
-        cache[source] = code  # (re)inserted last: most recently used
+        self.code_cache.put(source, code)
         return code
 
     def _run_batch(self, req: tuple[Any, ...]) -> tuple[bytes, bytes]:
