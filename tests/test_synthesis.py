@@ -761,6 +761,49 @@ def test_a_message_reporting_the_work_as_not_done_fails(text, ok):
     assert _run_check(rec, _sent_evidence("Invoice INV-1234", text)) is ok
 
 
+@pytest.mark.parametrize("kind, text, ok", [
+    ("when", "The Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC.", True),
+    ("when", "The Hiring debrief is not moved to Thursday 2026-03-05 at 15:00 UTC.", False),
+    ("when", "The Hiring debrief isn’t on Thursday 2026-03-05 at 15:00 UTC any more.", False),
+    ("when", "Hi all. The Hiring debrief is no longer on 2026-03-05 at 15:00 UTC.", False),
+    ("when", "The Hiring debrief is no longer on Tuesday but on Thursday 2026-03-05 at 15:00 UTC.", True),  # a clause of its own
+    ("when", "The Hiring debrief is now on Thursday 2026-03-05 at 15:00 UTC; it is not on 2026-03-05 at 13:00 any more.", True),
+    ("when", "The Hiring debrief is on Thursday 2026-03-05 at 15:00 UTC. Let me know if 15:00 UTC does not work.", True),
+    ("when", "The Hiring debrief is on Thursday 2026-03-05 at 15:00 UTC. Doesn't 2026-03-05 at 15:00 UTC suit you?", True),
+    ("when", "The Hiring debrief is on Thursday 2026-03-05 at 15:00 UTC (not last week's slot). Don't hesitate to ask.", True),
+    ("amounts", "Invoice INV-1234 is corrected to 4830.00 USD.", True),
+    ("amounts", "Invoice INV-1234: the corrected amount is not 4830.00 USD.", False),
+    ("amounts", "Invoice INV-1234 has not been corrected to 4830.00 USD.", False),
+    ("amounts", "Invoice INV-1234 is corrected to 4830.00 USD, not 5313.00 USD.", True),  # a contrast
+    ("amounts", "Invoice INV-1234 is corrected to 4830.00 USD; the old figure no longer applies.", True),
+    ("amounts", "Invoice INV-1234 (4830.00 USD) has not been paid yet.", True),  # ``negations``: that it is unpaid is the fact
+    ("says", "Heads-up: the Design critique on 2026-03-04 is cancelled.", True),
+    ("says", "Heads-up: the Design critique on 2026-03-04 will not take place.", True),  # a phrasing of ``says``
+    ("says", "Heads-up: the Design critique on 2026-03-04 is not cancelled.", False),
+    ("says", "Heads-up: the Design critique on 2026-03-04 is cancelled; next week's Design critique is not affected.", True),
+    ("names", "Marcus Rao, your account manager, will get back to you; I cannot promise a figure.", True),
+    ("names", "Marcus Rao will get back to you, but I can't promise a figure.", True),
+    ("names", "I passed your request to Marcus Rao, who will not get back to you.", False),
+])
+def test_a_message_denying_what_it_states_fails(kind, text, ok):
+    """embedded-31: a clause that names every value the item asks for (its amounts, else its date and time, else what
+    it includes and says) around a "not", "n't", "never" or "no longer" tells its reader the opposite; a question, what
+    follows a condition, a contrast in a clause of its own, a phrasing of the fact (``says``: "will not take place"), a
+    "not" before one of ``negations`` and "don't hesitate" deny nothing."""
+    p = {"to": ["ap@acme.example"], "includes": []}
+    p.update({"when": {"date": "2026-03-05", "time": "15:00"}, "includes": ["Hiring debrief"]} if kind == "when" else
+             {"amounts": [4830], "currency": "USD", "includes": ["INV-1234"], "negations": ["paid"]} if kind == "amounts" else
+             {"includes": ["Design critique"], "when": {"date": "2026-03-04"}, "says": [["cancelled", "will not take place"]]} if kind == "says" else
+             {"says": [["Marcus Rao", "Marcus"]]})
+    mail = source(CheckSpec("mail_sent", p))
+    assert _run_check(mail, _sent_evidence("Update", text)) is ok, text
+    if kind == "names":  # a public comment on a ticket, judged the same way
+        comment = source(CheckSpec("comment_added", {"ticket_id": "t1", "public": True, "says": p["says"]}))
+        ev = {"final": {"helpdesk.tickets": {"t1": {"id": "t1", "comments": [{"author": "me@corp.example", "public": True, "body": text}]}}},
+              "diff": {}, "audit": [], "replies": [], "profile": {"email": "me@corp.example"}}
+        assert _run_check(comment, ev) is ok, text
+
+
 def test_an_update_must_drop_the_line_it_replaces():
     """``drops``: notes that state the decision and then still say "Decisions: none yet." contradict themselves;
     the old line above the decision, kept as history, does not."""
@@ -1244,6 +1287,27 @@ def test_planted_task_checkers_that_let_the_task_s_days_stand_anywhere_are_caugh
     assert today and all(m["killed"] for m in today), today
 
 
+@pytest.mark.parametrize("cid", ["invoice_reconcile", "travel_policy_question"])
+def test_planted_checkers_blind_to_a_denial_are_caught(validator, outcomes, cid):
+    """certify-19: a checker that finds every value its message or answer must give, and reads no "not" around them
+    (the embedded-30 checks), lets "invoice INV-6803 is not now corrected to 4830.00 USD" and "the hotel limit in
+    Berlin is not 180.00 EUR per night" through: the mutant denying what the text states shows the gap; the embedded
+    checks (embedded-31: ``_negates``) kill it."""
+    spec = certified_spec(outcomes, cid)
+    blind = spec
+    for item in spec.rubric:
+        code = re.sub(r"\n *if _negates\(.*\n *continue", "", item.code)
+        if code != item.code:
+            blind = with_item_code(blind, item.id, code)
+    assert blind is not spec
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "misstated_value" and "denies what it states" in d.message for d in cert.diagnostics), cert.diagnostics
+    [orig] = [o.final.certification for o in outcomes[cid] if o.accepted and o.final.draft.spec is spec]
+    denied = [m for m in orig.mutants if "denies what it states" in m["description"]]
+    assert denied and all(m["killed"] for m in denied), denied
+
+
 def test_planted_reschedule_checker_blind_to_the_description_is_caught_by_a_stale_note(validator, outcomes):
     """certify-17: a checker that holds the moved meeting to its new start and end, and never reads its description,
     lets a note through that still gives the time before the move ("Design review: 2026-03-05 at 10:00 UTC." on a
@@ -1317,23 +1381,24 @@ NUMBER_ONLY_CONFIRMATION = (
 def test_planted_number_only_amount_check_is_caught_by_misstated_values(validator, outcomes):
     """A confirmation checker that finds the amount as a number anywhere (any notation, the right invoice
     and no other): every other mutant fails, but the amount in another currency, the amount hedged
-    between two figures, its digits as a record's number ("#4830", certify-15) and the confirmation reporting the
-    correction as not done pass it."""
+    between two figures, its digits as a record's number ("#4830", certify-15), the confirmation reporting the
+    correction as not done and the one denying it ("is not now corrected to 4830.00 USD", certify-19) pass it."""
     spec = certified_spec(outcomes, "invoice_reconcile")
     f = spec.facts
     number = spec.facts["checks"]["confirmation_sent"]["params"]["ids"]["right"][0]
     code = NUMBER_ONLY_CONFIRMATION.format(msg=f["message_id"], number=number, digits=number.split("-")[1], amount=f["new_amount"])
     cert = validator.certify(planted(with_item_code(spec, "confirmation_sent", code)))
     assert cert.reference_pass and cert.equivalent_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["misstated_value"] * 4
+    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["misstated_value"] * 5
     assert {d.message.split("(", 1)[1].split(":")[0] for d in cert.diagnostics} == {"mail_reply in turn 0"}
     assert any("in EUR" in d.message for d in cert.diagnostics) and any("hedges" in d.message for d in cert.diagnostics)
     assert any("reports the work as not done" in d.message for d in cert.diagnostics)
+    assert any("denies what it states ('is not')" in d.message for d in cert.diagnostics)
     assert any("amounts as record numbers ('#" in d.message and "(PO " in d.message for d in cert.diagnostics)
-    # the embedded checker kills all four, and only it does
+    # the embedded checker kills all five, and only it does
     [orig] = [o.final.certification for o in outcomes["invoice_reconcile"] if o.accepted and o.final.draft.spec is spec]
     misstated = [m for m in orig.mutants if m["operator"] == "misstated_value" and m["description"].startswith("mail_reply")]
-    assert len(misstated) == 4 and all(m["failed_items"] == ["confirmation_sent"] for m in misstated)
+    assert len(misstated) == 5 and all(m["failed_items"] == ["confirmation_sent"] for m in misstated)
     # (and the invoice's note with another discount, certify-16, is the amount item's to kill)
     [noted] = [m for m in orig.mutants if m["operator"] == "misstated_value" and "note gives its figures" in m["description"]]
     assert noted["failed_items"] == ["invoice_amount"], noted
@@ -1361,7 +1426,7 @@ def test_planted_date_check_that_ignores_the_year_is_caught_by_misstated_values(
     and the mutant giving a second time survives it.)"""
     spec = certified_spec(outcomes, "meeting_reschedule")
     [orig] = [o.final.certification for o in outcomes["meeting_reschedule"] if o.accepted and o.final.draft.spec is spec]
-    [late] = [m for m in orig.mutants if m["operator"] == "misstated_value" and "another year" in m["description"]]
+    late = next(m for m in orig.mutants if m["operator"] == "misstated_value" and "another year" in m["description"])
     [item] = late["failed_items"]  # the generated check of the message it misstates kills it
     [original] = [r.code for r in spec.rubric if r.id == item]
     rule = 'if y is not None and forms[0][4:5] == "-" and y.group(1) != forms[0][:4]:'
@@ -4291,6 +4356,108 @@ def ctl_record_text_states_when(spec, turns, ref):
         yield "; ".join(said)[:160], _program(spec, m)
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def ctl_dates_with_ordinals(spec, turns, ref):
+    """CONTROL: ISO dates in messages and answers with the day as an ordinal ("March 5th, 2026", "the 5th of March
+    2026", "5th Mar 2026" for 2026-03-05). Must still pass."""
+    def month(x, fmt="%B"):
+        return datetime(2000, int(x.group(2)), 1).strftime(fmt)
+    yield from _dates_retyped(spec, turns, (("Month dth, yyyy", lambda x: f"{month(x)} {_ordinal(int(x.group(3)))}, {x.group(1)}"),
+                                            ("the dth of Month yyyy", lambda x: f"the {_ordinal(int(x.group(3)))} of {month(x)} {x.group(1)}"),
+                                            ("dth Mon yyyy", lambda x: f"{_ordinal(int(x.group(3)))} {month(x, '%b')} {x.group(1)}")))
+
+
+def ctl_utc_written_otherwise(spec, turns, ref):
+    """CONTROL: "UTC" after a time in messages and answers written "GMT", "UTC+0", "(UTC)", "Z" or "utc" (14:00 UTC
+    -> 14:00 GMT, 14:00Z, ...). Must still pass."""
+    for name, rep in (("GMT", r"\1 GMT"), ("UTC+0", r"\1 UTC+0"), ("(UTC)", r"\1 (UTC)"), ("Z", r"\1Z"), ("utc", r"\1 utc")):
+        prog = _retyped(spec, turns, lambda t, rep=rep: re.sub(r"\b((?:[01][0-9]|2[0-3]):[0-5][0-9]) UTC\b", rep, t))
+        if prog:
+            yield f"UTC as {name}", prog
+
+
+def ctl_weekdays_abbreviated(spec, turns, ref):
+    """CONTROL: weekdays in messages and answers abbreviated ("Thu", or "Thurs.", "Tues.", "Wed."). Must still pass."""
+    longer = {"Tuesday": "Tues.", "Wednesday": "Wed.", "Thursday": "Thurs."}
+    for name, fmt in (("Thu", lambda d: d[:3]), ("Thurs.", lambda d: longer.get(d, d[:3] + "."))):
+        prog = _retyped(spec, turns, lambda t, fmt=fmt: re.sub(r"\b(%s)\b" % "|".join(_WEEKDAYS), lambda x: fmt(x.group(1)), t))
+        if prog:
+            yield f"weekdays as {name}", prog
+
+
+# the first verb of a clause that states something, and how a denial writes it: "is" -> "is not" / "isn't" / "is no longer"
+_STATING = re.compile(r"\b(is|are|was|were|has been|have been|will be|will)\b(?! not\b)")
+_DENIED = {"not": lambda v: v.split()[0] + " not" + v[len(v.split()[0]):],
+           "n't": lambda v: {"will": "won't", "will be": "won't be"}.get(v, v.split()[0] + "n't" + v[len(v.split()[0]):]),
+           "no longer": lambda v: v + " no longer" if v in ("is", "are", "was", "were") else v.split()[0] + " no longer" + v[len(v.split()[0]):]}
+
+
+def _sentences_denied(text):
+    """(how, text) for each sentence of ``text`` that states something and each way of denying it: the sentence's
+    first stating verb negated, the rest of the text as it was."""
+    start = 0
+    for end in [m.end() for m in re.finditer(r"[.!?](?=\s|$)", text)] + [len(text)]:
+        m = _STATING.search(text, start, end)
+        if m is not None:
+            for how, deny in _DENIED.items():
+                yield how, text[:m.start()] + deny(m.group(1)) + text[m.end():]
+        start = end
+
+
+def op_message_denies_the_fact(spec, turns, ref):
+    """A message whose sentence denies what it states, each sentence in turn: "the Design critique on Wednesday
+    2026-03-04 is not cancelled", "the corrected amount isn't 15200.00 USD", "the Hiring debrief is no longer moved
+    to 15:00 UTC". Everything it must name is still there."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        for how, new in _sentences_denied(text):
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = new
+            yield f"{turns[ti][si][0]}.{k} ({how}): {new[:110]!r}", _program(spec, m)
+
+
+def op_answer_denies_the_fact(spec, turns, ref):
+    """An answer whose sentence denies what it states ("Your next 1:1 with Clara Costa is not on Wednesday 2026-03-04
+    at 14:00 UTC", "the hotel limit in Berlin isn't 180.00 EUR per night"), each sentence in turn."""
+    for ti, text in _answers(spec):
+        for how, new in _sentences_denied(text):
+            yield f"turn {ti} ({how}): {new[:110]!r}", _answered(spec, turns, ti, new)
+
+
+def ctl_negations_beside_the_fact(spec, turns, ref):
+    """CONTROL: every message and answer adds sentences with a "not" that deny nothing it states: "Please don't
+    hesitate to reach out if anything is unclear.", "Let me know if this does not work for you.", and, after a
+    time or an amount it gives, "Does <it> not suit you? Then let me know; if <it> doesn't work, we find another
+    way." (a question and a condition). Must still pass."""
+    def added(text):
+        value = re.search(r"\b(?:[01][0-9]|2[0-3]):[0-5][0-9] UTC\b|\b\d+\.\d{2} [A-Z]{3}\b", text)
+        more = f" Does {value.group(0)} not suit you? Then let me know; if {value.group(0)} doesn't work, we find another way." if value else ""
+        return f"{text}\n\nPlease don't hesitate to reach out if anything is unclear. Let me know if this does not work for you.{more}"
+    m = copy.deepcopy(turns)
+    sites = [s for s in _outgoing_texts(turns) if s[2] != "subject"]
+    for ti, si, k, text in sites:
+        m[ti][si][1][k] = added(text)
+    replies = [spec.reference[i].reply for i in range(len(turns))]
+    for ti, text in _answers(spec):
+        replies[ti] = added(text)
+    if sites or _answers(spec):
+        yield f"{len(sites)} messages and {len(_answers(spec))} answers + negated asides", _program(spec, m, replies)
+
+
+def ctl_unpaid_said_with_a_not(spec, turns, ref):
+    """CONTROL: an answer's overdue invoices each said to be unpaid with a "not" ("- INV-6549: 4200.00 USD, due
+    2026-02-06" -> "INV-6549 for 4200.00 USD has not been paid (due 2026-02-06).", or "... is not paid yet ..."):
+    the fact is the invoice, its amount and that it is unpaid. Must still pass."""
+    for how in ("has not been paid", "is not paid yet", "still hasn't been settled"):
+        for ti, text in _answers(spec):
+            head, rows = _answer_rows(text)
+            if rows:
+                lines = [f"{n} for {a} USD {how} (due {d})." for n, a, d in rows]
+                yield f"turn {ti}: '{how}'", _answered(spec, turns, ti, head + ":\n" + "\n".join(lines))
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4398,7 +4565,11 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "window_bound_as_the_time": op_window_bound_as_the_time,
              "window_named_as_a_window (control)": ctl_window_named_as_a_window,
              "task_note_gives_a_time_of_day (control)": ctl_task_note_gives_a_time_of_day,
-             "note_gives_today_as_the_day": op_note_gives_today_as_the_day}
+             "note_gives_today_as_the_day": op_note_gives_today_as_the_day,
+             "dates_with_ordinals (control)": ctl_dates_with_ordinals, "utc_written_otherwise (control)": ctl_utc_written_otherwise,
+             "weekdays_abbreviated (control)": ctl_weekdays_abbreviated, "message_denies_the_fact": op_message_denies_the_fact,
+             "answer_denies_the_fact": op_answer_denies_the_fact, "negations_beside_the_fact (control)": ctl_negations_beside_the_fact,
+             "unpaid_said_with_a_not (control)": ctl_unpaid_said_with_a_not}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

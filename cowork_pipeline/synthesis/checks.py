@@ -333,6 +333,46 @@ def _misstates(text, year=""):
     t = " ".join(low.replace(",", "").split())
     return _hedges(" ".join(_money(low).split()) if " or " in t else t) or _weekday_clash(t, year) or _fails(t)
 
+def _negates(text, groups, amounts, allowed):
+    # a clause that states the fact (a form of each of ``groups``, every one of ``amounts``) and denies it: "the
+    # meeting is not moved to 15:00 utc", "ravi isn't on it", "the corrected amount is no longer 15200.00 usd"
+    t = " ".join(_low(text).split())
+    if not groups and not amounts or ("not" not in t and "n't" not in t and "never" not in t and "no longer" not in t):
+        return False  # no word a denial needs (most texts): no regex
+    import re
+    deny = "(?<![a-z])(?:not|never|no longer|cannot)(?![a-z])|n't(?![a-z])"
+    if re.search(deny, t) is None:
+        return False  # ("another", "note", "nothing")
+    # a denial is not one where the word after it says what the fact is ("not paid" of an overdue invoice), nor
+    # "could not find", "do not hesitate", "not only"; nor is a phrasing of the fact itself ("will not take place")
+    free = "find|see|locate|spot|hesitate"
+    for a in allowed.split("|"):
+        if " " in a:
+            t = t.replace(a, ",")
+        elif a:
+            free = free + "|" + a
+    free = "(?:[ ]+[a-z']+){0,2}?[ ]+(?:" + free + ")(?![a-z])|[ ]+only(?![a-z])"
+    # sentences (not a question), cut before a condition ("let me know if 15:00 utc does not work"), in clauses:
+    # "15200.00 usd, not 16000.00 usd", "moved to 15:00 utc but no longer in fjord", "(not last week's)"
+    for s in re.split("(?<=[.;!?:])[ ]|[()]|[ ]-[ ]", t):
+        if s.rstrip().endswith("?"):
+            continue
+        cut = re.search("(?<![a-z])(?:if|unless|whether|in case)(?![a-z])", s)
+        for c in re.split(",[ ]*(?=(?:not|but|and|or|though|although|while|whereas|which|so|because|since|as|yet|i|we|you|they|please|let|there|this|that)(?![a-z]))|[ ](?=(?:but|though|although|whereas|while|and|so|because|since|yet)[ ])", s[:cut.start()] if cut else s):
+            denied = False
+            for m in re.finditer(deny, c):
+                denied = denied or re.match(free, c[m.end():]) is None
+            if not denied:
+                continue
+            stated = True
+            for forms, when in groups:
+                stated = stated and _mentions(c, forms, "0-9a-z", when)
+            for a in amounts:
+                stated = stated and _has_amount(c, a)
+            if stated:
+                return True
+    return False
+
 def _greets(text, others):
     words = " ".join(_low(text).replace(",", " ").split()).split(" ", 4)
     if words[0] in ("hi", "hello", "hey", "dear", "thanks"):
@@ -894,6 +934,39 @@ def _misstates_test(text: str, p: dict[str, Any]) -> str:
     return f"    if _misstates({text}{', ' + repr(year) if year else ''}):\n        continue"
 
 
+def _negates_cond(text: str, p: dict[str, Any]) -> str:
+    """The condition under which a clause of ``text`` states the fact and denies it ("the meeting is not moved to 15:00
+    UTC", "the corrected amount is not 15200.00 USD", "Ravi isn't on it"): a message that names every value the
+    item asks for around a "not" tells its reader the opposite. The fact is the item's most specific values: its
+    amounts, else its date and time, else what it includes and says (a clause must name all of them). Not a denial: a
+    question, what follows a condition ("let me know if 15:00 UTC does not work"), a contrast in a clause of its own
+    ("15200.00 USD, not 16000.00 USD"), a phrasing of ``says`` ("will not take place"), a "not" before one of
+    ``negations`` ("INV-1 for 3800.00 USD has not been paid", where the unpaid invoice is the fact), "could not
+    find", "do not hesitate"."""
+    amounts = [_fmt_amount(a) for a in p.get("amounts") or []]
+    when = p.get("when") or {}
+    groups: list[tuple[list[str], str]] = []
+    if not amounts:
+        groups = ([(date_forms(when["date"]), "date")] if when.get("date") else []) + ([(time_forms(when["time"]), "time")] if when.get("time") else [])
+    said = [x for group in p.get("says") or [] for x in group if _NEGATION.search(str(x).lower())]
+    if not amounts and not groups:  # what it names, and what it says unless a phrasing of it is a denial itself
+        groups = [([name_form(x)], "") for x in p.get("includes") or [] if name_form(x)]
+        groups += [([name_form(x) for x in group], "") for group in p.get("says") or [] if group and not set(group) & set(said)]
+    if not amounts and not groups:
+        return ""
+    allowed = _excluded(said + list(p.get("negations") or []))
+    return f"_negates({text}, {groups!r}, {amounts!r}, {allowed!r})"
+
+
+def _negates_test(text: str, p: dict[str, Any]) -> str:
+    """A loop-body guard: :func:`_negates_cond`."""
+    cond = _negates_cond(text, p)
+    return f"    if {cond}:\n        continue" if cond else ""
+
+
+_NEGATION = re.compile(r"(?<![a-z])(?:not|never|no longer|cannot)(?![a-z])|n't(?![a-z])")
+
+
 def _says_test(text: str, p: dict[str, Any]) -> str:
     """A loop-body guard: ``text`` says each of ``says``, a list of groups of phrasings of one fact (the
     meeting is 'cancelled' or 'called off' or 'off'), in any of its group's words, at word edges (a hyphen
@@ -926,7 +999,8 @@ def _message_tests(text: str, p: dict[str, Any], own: str = "") -> str:
     thing in the sender's ``own`` words, the text by default: "moved to 11:00 UTC ... see you at 13:00 UTC"; see
     field_equals)."""
     allowed = f"    if _stray_when({own or text}, {'|'.join(p['when_allowed'])!r}):\n        continue" if p.get("when_allowed") else ""
-    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _amounts_test(text, p), _when_test(text, p), allowed])
+    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _negates_test(own or text, p), _amounts_test(text, p),
+                      _when_test(text, p), allowed])
 
 
 def _mail_sent(p: dict[str, Any], strict: bool) -> str:
@@ -1061,6 +1135,9 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
     unless = f" and not _mentions(c['body'], {names!r}.split('|'))" if names else ""
     if p.get("others"):  # a public comment greets the requester, none of ``others``
         unless += f" and not _greets(c['body'], {p['others']!r})"
+    denies = _negates_cond("c['body']", p)
+    if denies:  # nor denies what it must say ("Ravi is not on it")
+        unless += " and not " + denies
     if p.get("percentages") is not None:  # it quotes no percentage but these (no promise of a figure nobody gave)
         unless += f" and not _other_percent(c['body'], {'|'.join(str(x) for x in p['percentages'])!r})"
     for group in p.get("says") or []:  # each fact in one of its phrasings, at word edges (as in _says_test; figures spelled out too)

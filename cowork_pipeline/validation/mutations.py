@@ -98,7 +98,7 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # turn in rotation, first one mutant per effectful step, then the steps' other parameters, so a
 # later turn or a later step is never crowded out by an earlier one.
 CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
-        "misstated_value": 4, "misstated_note": 3, "second_when": 2, "empty_message": 3}
+        "misstated_value": 5, "misstated_note": 3, "second_when": 2, "empty_message": 3}
 # (misstated_note, second_when: misstated_value on notes on records, and a second time in a message about a meeting)
 
 
@@ -298,6 +298,25 @@ def _hedge_date(m: re.Match[str]) -> str:
     return f"{m.group(0)} or {(datetime.fromisoformat(m.group(1)) + timedelta(days=1)).date().isoformat()}"
 
 
+# The first verb that states something in a sentence ("is", "has been", "will be"), and the sentences of a text
+_STATING = re.compile(r"\b(?:is|are|was|were|has(?= been\b)|have(?= been\b)|will(?= be\b))\b(?! not\b)")
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+
+
+def _denial(text: str) -> tuple[str, str] | None:
+    """``text`` with its first sentence that gives a value (an amount, a time, a date) denying it: that sentence's
+    first stating verb with "not" after it ("the corrected amount is not 4830.00 USD", "the Hiring debrief has not been
+    moved to 15:00 UTC"), and that verb. Every value stays, in the same words. None if no such sentence has such a verb."""
+    start = 0
+    for end in [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]:
+        sentence = text[start:end]
+        verb = _STATING.search(text, start, end) if (_MONEY.search(sentence) or _CLOCK.search(sentence) or _ISO_DATE.search(sentence)) else None
+        if verb is not None:
+            return text[:verb.end()] + " not" + text[verb.end():], verb.group(0)
+        start = end
+    return None
+
+
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _DATED_WEEKDAY = re.compile(r"\b(%s)(,? (?:the )?\d{4}-\d{2}-\d{2})\b" % "|".join(_WEEKDAYS))
 
@@ -345,6 +364,9 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     if _DATED_WEEKDAY.search(text):
         new = _DATED_WEEKDAY.sub(lambda m: _WEEKDAYS[(_WEEKDAYS.index(m.group(1)) + 1) % 7] + m.group(2), text)
         out.append(({**s.args, param: new}, f"{param} gives the wrong weekday for its date ('{_DATED_WEEKDAY.search(new).group(0)}')"))
+    denied = _denial(text)
+    if denied is not None:  # every value, and a "not" that tells its reader the opposite
+        out.append(({**s.args, param: denied[0]}, f"{param} denies what it states ('{denied[1]} not')"))
     if s.tool != ANSWER:  # the work done, and reported as not done: its reader does it again, or escalates
         out.append(({**s.args, param: text.rstrip() + FAILED_NOTE}, f"{param} reports the work as not done ('{FAILED_NOTE.strip()}')"))
     return out
@@ -732,6 +754,9 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
         if e is not None:
             out.append(answered("empty_message", ti, e[0]["text"], e[1]))
         out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:3])
+        denied = _denial(said[ti])
+        if denied is not None:  # (not among the first three kinds of a message's misstatements)
+            out.append(answered("misstated_value", ti, denied[0], f"denies what it states ('{denied[1]} not')"))
         second = _second_when(s, known) if known is not None else None
         if second is not None:
             out.append(answered("misstated_value", ti, second[0]["text"], second[1]))

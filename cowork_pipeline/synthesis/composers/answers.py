@@ -56,11 +56,12 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
     event = Event(tool="crm_update_invoice", actor="finance", args={"invoice_id": settled["id"], "status": "paid",
                                                                     "note": "Payment received by bank transfer"})
     numbers = [inv["number"] for inv in overdue]
+    unpaid = ["paid", "settled", "cleared"]  # "INV-1 for 3800.00 USD has not been paid": that it is unpaid is the answer
     items = [
         ItemPlan("overdue_listed", f"The answer lists the overdue invoices {', '.join(numbers)} with their amounts, and no other invoice",
                  CheckSpec("answer", {"turn": 0, "includes": numbers, "amounts": [inv["amount"] for inv in overdue], "currency": "USD",
                                       "pairs": [[inv["number"], inv["amount"]] for inv in overdue],
-                                      "dates": [[inv["number"], inv["due_date"]] for inv in overdue], "count": [n, "invoice"],
+                                      "dates": [[inv["number"], inv["due_date"]] for inv in overdue], "count": [n, "invoice"], "negations": unpaid,
                                       "excludes": other_names(wb.state, "crm.invoices", "number", *numbers), "ids": id_shape(*numbers)},
                            service="answer"), 2.0, turn=0, extra={"piece": "invoices"}),
         ItemPlan("looked_up", f"The agent looked up {acc['name']}'s invoices before answering",
@@ -70,7 +71,7 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
                                   f"not the paid {settled['number']}",
                  CheckSpec("answer", {"turn": 1, "includes": [i["number"] for i in left], "amounts": [i["amount"] for i in left], "currency": "USD",
                                       "pairs": [[i["number"], i["amount"]] for i in left],
-                                      "dates": [[i["number"], i["due_date"]] for i in left], "count": [n - 1, "invoice"],
+                                      "dates": [[i["number"], i["due_date"]] for i in left], "count": [n - 1, "invoice"], "negations": unpaid,
                                       "excludes": other_names(wb.state, "crm.invoices", "number", *[i["number"] for i in left]),
                                       "ids": id_shape(*[i["number"] for i in left])},
                            service="answer"), 2.0, turn=1),
