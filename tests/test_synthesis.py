@@ -784,12 +784,27 @@ def test_a_message_reporting_the_work_as_not_done_fails(text, ok):
     ("names", "Marcus Rao, your account manager, will get back to you; I cannot promise a figure.", True),
     ("names", "Marcus Rao will get back to you, but I can't promise a figure.", True),
     ("names", "I passed your request to Marcus Rao, who will not get back to you.", False),
+    # doubts
+    ("when", "The Hiring debrief is probably moved to Thursday 2026-03-05 at 15:00 UTC.", False),
+    ("when", "I think the Hiring debrief is now on Thursday 2026-03-05 at 15:00 UTC.", False),
+    ("when", "The Hiring debrief is moved to Thursday 2026-03-05 at around 15:00 UTC.", False),
+    ("when", "The Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC (tentatively).", True),  # an aside: its own clause
+    ("when", "The Hiring debrief may move to Thursday 2026-03-05 at 15:00 UTC.", False),
+    ("when", "The Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC. You may reply with questions; maybe see you there.", True),
+    ("amounts", "Invoice INV-1234 might be corrected to 4830.00 USD.", False),
+    ("amounts", "Invoice INV-1234 is corrected to roughly 4830.00 USD.", False),
+    ("amounts", "Invoice INV-1234 is corrected to ~4830.00 USD.", False),
+    ("amounts", "About invoice INV-1234: it is corrected to 4830.00 USD.", True),  # "about" before no figure
+    ("says", "Heads-up: the Design critique on 2026-03-04 is likely cancelled.", False),
+    ("says", "Heads-up: the Design critique on 2026-03-04 is cancelled, so you may use the slot.", True),
+    ("names", "Marcus Rao may get back to you.", False),
 ])
-def test_a_message_denying_what_it_states_fails(kind, text, ok):
+def test_a_message_denying_or_doubting_what_it_states_fails(kind, text, ok):
     """embedded-31: a clause that names every value the item asks for (its amounts, else its date and time, else what
-    it includes and says) around a "not", "n't", "never" or "no longer" tells its reader the opposite; a question, what
-    follows a condition, a contrast in a clause of its own, a phrasing of the fact (``says``: "will not take place"), a
-    "not" before one of ``negations`` and "don't hesitate" deny nothing."""
+    it includes and says) around a "not", "n't", "never" or "no longer" tells its reader the opposite, and around a
+    "probably", "might", "I think" or an "about" before the figure leaves them to guess; a question, what follows a
+    condition, a contrast or an aside in a clause of its own, a phrasing of the fact (``says``: "will not take place"),
+    a "not" before one of ``negations`` and "don't hesitate" deny and doubt nothing."""
     p = {"to": ["ap@acme.example"], "includes": []}
     p.update({"when": {"date": "2026-03-05", "time": "15:00"}, "includes": ["Hiring debrief"]} if kind == "when" else
              {"amounts": [4830], "currency": "USD", "includes": ["INV-1234"], "negations": ["paid"]} if kind == "amounts" else
@@ -1288,24 +1303,27 @@ def test_planted_task_checkers_that_let_the_task_s_days_stand_anywhere_are_caugh
 
 
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "travel_policy_question"])
-def test_planted_checkers_blind_to_a_denial_are_caught(validator, outcomes, cid):
-    """certify-19: a checker that finds every value its message or answer must give, and reads no "not" around them
-    (the embedded-30 checks), lets "invoice INV-6803 is not now corrected to 4830.00 USD" and "the hotel limit in
-    Berlin is not 180.00 EUR per night" through: the mutant denying what the text states shows the gap; the embedded
-    checks (embedded-31: ``_negates``) kill it."""
+def test_planted_checkers_blind_to_a_denial_or_a_doubt_are_caught(validator, outcomes, cid):
+    """certify-19: a checker that finds every value its message or answer must give, and reads no "not" or
+    "probably" around them (the embedded-30 checks), lets "invoice INV-6803 is not now corrected to 4830.00 USD" and
+    "the hotel limit in Berlin is probably 180.00 EUR per night" through: the mutant denying (for an even seed) or
+    doubting (odd) what a message states, and the one doing the other to an answer, show the gap; the embedded checks
+    (embedded-31: ``_undercuts``) kill them."""
     spec = certified_spec(outcomes, cid)
     blind = spec
     for item in spec.rubric:
-        code = re.sub(r"\n *if _negates\(.*\n *continue", "", item.code)
+        code = re.sub(r"\n *if _undercuts\(.*\n *continue", "", item.code)
         if code != item.code:
             blind = with_item_code(blind, item.id, code)
     assert blind is not spec
     cert = validator.certify(planted(blind))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert all(d.detail["operator"] == "misstated_value" and "denies what it states" in d.message for d in cert.diagnostics), cert.diagnostics
+    word = {"invoice_reconcile": "probably" if spec.seed % 2 else "not", "travel_policy_question": "not" if spec.seed % 2 else "probably"}[cid]
+    what = "doubts what it states" if word == "probably" else "denies what it states"
+    assert all(d.detail["operator"] == "misstated_value" and what in d.message and f" {word}')" in d.message for d in cert.diagnostics), cert.diagnostics
     [orig] = [o.final.certification for o in outcomes[cid] if o.accepted and o.final.draft.spec is spec]
-    denied = [m for m in orig.mutants if "denies what it states" in m["description"]]
-    assert denied and all(m["killed"] for m in denied), denied
+    undercut = [m for m in orig.mutants if what in m["description"]]
+    assert undercut and all(m["killed"] for m in undercut), undercut
 
 
 def test_planted_reschedule_checker_blind_to_the_description_is_caught_by_a_stale_note(validator, outcomes):
@@ -1382,7 +1400,7 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     """A confirmation checker that finds the amount as a number anywhere (any notation, the right invoice
     and no other): every other mutant fails, but the amount in another currency, the amount hedged
     between two figures, its digits as a record's number ("#4830", certify-15), the confirmation reporting the
-    correction as not done and the one denying it ("is not now corrected to 4830.00 USD", certify-19) pass it."""
+    correction as not done and the one denying or doubting it ("is not now corrected to 4830.00 USD", certify-19) pass it."""
     spec = certified_spec(outcomes, "invoice_reconcile")
     f = spec.facts
     number = spec.facts["checks"]["confirmation_sent"]["params"]["ids"]["right"][0]
@@ -1393,7 +1411,8 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     assert {d.message.split("(", 1)[1].split(":")[0] for d in cert.diagnostics} == {"mail_reply in turn 0"}
     assert any("in EUR" in d.message for d in cert.diagnostics) and any("hedges" in d.message for d in cert.diagnostics)
     assert any("reports the work as not done" in d.message for d in cert.diagnostics)
-    assert any("denies what it states ('is not')" in d.message for d in cert.diagnostics)
+    assert any(f"{'doubts' if spec.seed % 2 else 'denies'} what it states ('is {'probably' if spec.seed % 2 else 'not'}')" in d.message
+               for d in cert.diagnostics)
     assert any("amounts as record numbers ('#" in d.message and "(PO " in d.message for d in cert.diagnostics)
     # the embedded checker kills all five, and only it does
     [orig] = [o.final.certification for o in outcomes["invoice_reconcile"] if o.accepted and o.final.draft.spec is spec]
@@ -4458,6 +4477,60 @@ def ctl_unpaid_said_with_a_not(spec, turns, ref):
                 yield f"turn {ti}: '{how}'", _answered(spec, turns, ti, head + ":\n" + "\n".join(lines))
 
 
+def _sentences_doubted(text):
+    """(how, text) for each sentence of ``text`` that states something and each way of doubting it: its first stating
+    verb made "might be", followed by "probably", or its values "roughly" / "around" given."""
+    start = 0
+    for end in [m.end() for m in re.finditer(r"[.!?](?=\s|$)", text)] + [len(text)]:
+        m = _STATING.search(text, start, end)
+        if m is not None:
+            v = m.group(1)
+            if v in ("is", "are", "was", "were"):
+                yield "might be", text[:m.start()] + "might be" + text[m.end():]
+            yield "probably", text[:m.end()] + " probably" + text[m.end():]
+            value = re.compile(r"(?<![\w.])(?:\d+\.\d{2} [A-Z]{3}|(?:[01]\d|2[0-3]):[0-5]\d)")
+            first = value.search(text, m.end(), end)
+            if first is not None:
+                yield "around", text[:first.start()] + ("around " if ":" in first.group(0) else "roughly ") + text[first.start():]
+        start = end
+
+
+def op_message_doubts_the_fact(spec, turns, ref):
+    """A message whose sentence doubts what it states, each sentence in turn: "the Design critique on Wednesday
+    2026-03-04 might be cancelled", "the corrected amount is probably 15200.00 USD", "moved to 15:00 UTC" as "around
+    15:00 UTC". Everything it must name is still there."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        for how, new in _sentences_doubted(text):
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = new
+            yield f"{turns[ti][si][0]}.{k} ({how}): {new[:110]!r}", _program(spec, m)
+
+
+def op_answer_doubts_the_fact(spec, turns, ref):
+    """An answer whose sentence doubts what it states ("Your next 1:1 with Clara Costa might be on Wednesday 2026-03-04
+    at 14:00 UTC", "the hotel limit in Berlin is probably 180.00 EUR per night"), each sentence in turn."""
+    for ti, text in _answers(spec):
+        for how, new in _sentences_doubted(text):
+            yield f"turn {ti} ({how}): {new[:110]!r}", _answered(spec, turns, ti, new)
+
+
+def ctl_doubts_beside_the_fact(spec, turns, ref):
+    """CONTROL: every message and answer adds sentences with a word of doubt that doubt nothing it states: "You may
+    reply to this message with any questions; maybe we can catch up next week. I think that covers it, probably.".
+    Must still pass."""
+    def added(text):
+        return f"{text}\n\nYou may reply to this message with any questions; maybe we can catch up next week. I think that covers it, probably."
+    m = copy.deepcopy(turns)
+    sites = [s for s in _outgoing_texts(turns) if s[2] != "subject"]
+    for ti, si, k, text in sites:
+        m[ti][si][1][k] = added(text)
+    replies = [spec.reference[i].reply for i in range(len(turns))]
+    for ti, text in _answers(spec):
+        replies[ti] = added(text)
+    if sites or _answers(spec):
+        yield f"{len(sites)} messages and {len(_answers(spec))} answers + asides with doubts", _program(spec, m, replies)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4569,7 +4642,9 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "dates_with_ordinals (control)": ctl_dates_with_ordinals, "utc_written_otherwise (control)": ctl_utc_written_otherwise,
              "weekdays_abbreviated (control)": ctl_weekdays_abbreviated, "message_denies_the_fact": op_message_denies_the_fact,
              "answer_denies_the_fact": op_answer_denies_the_fact, "negations_beside_the_fact (control)": ctl_negations_beside_the_fact,
-             "unpaid_said_with_a_not (control)": ctl_unpaid_said_with_a_not}
+             "unpaid_said_with_a_not (control)": ctl_unpaid_said_with_a_not,
+             "message_doubts_the_fact": op_message_doubts_the_fact, "answer_doubts_the_fact": op_answer_doubts_the_fact,
+             "doubts_beside_the_fact (control)": ctl_doubts_beside_the_fact}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -303,16 +303,18 @@ _STATING = re.compile(r"\b(?:is|are|was|were|has(?= been\b)|have(?= been\b)|will
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 
-def _denial(text: str) -> tuple[str, str] | None:
-    """``text`` with its first sentence that gives a value (an amount, a time, a date) denying it: that sentence's
-    first stating verb with "not" after it ("the corrected amount is not 4830.00 USD", "the Hiring debrief has not been
-    moved to 15:00 UTC"), and that verb. Every value stays, in the same words. None if no such sentence has such a verb."""
+def _undercut(text: str, doubt: bool = False) -> tuple[str, str] | None:
+    """``text`` with its first sentence that gives a value (an amount, a time, a date) denying it, or with ``doubt``
+    doubting it: that sentence's first stating verb with "not" or "probably" after it ("the corrected amount is not
+    4830.00 USD", "the Hiring debrief has probably been moved to 15:00 UTC"), and the word put in. Every value stays, in
+    the same words. None if no such sentence has such a verb."""
     start = 0
+    word = "probably" if doubt else "not"
     for end in [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]:
         sentence = text[start:end]
         verb = _STATING.search(text, start, end) if (_MONEY.search(sentence) or _CLOCK.search(sentence) or _ISO_DATE.search(sentence)) else None
         if verb is not None:
-            return text[:verb.end()] + " not" + text[verb.end():], verb.group(0)
+            return text[:verb.end()] + " " + word + text[verb.end():], f"{verb.group(0)} {word}"
         start = end
     return None
 
@@ -321,7 +323,7 @@ _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
 _DATED_WEEKDAY = re.compile(r"\b(%s)(,? (?:the )?\d{4}-\d{2}-\d{2})\b" % "|".join(_WEEKDAYS))
 
 
-def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
+def _misstatements(s: Step, doubt: bool = False) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
     currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET");
     each amount, time and date hedged between itself and another value ("4830.00 or 5314.00", "15:00 or
@@ -364,9 +366,9 @@ def _misstatements(s: Step) -> list[tuple[dict[str, Any], str]]:
     if _DATED_WEEKDAY.search(text):
         new = _DATED_WEEKDAY.sub(lambda m: _WEEKDAYS[(_WEEKDAYS.index(m.group(1)) + 1) % 7] + m.group(2), text)
         out.append(({**s.args, param: new}, f"{param} gives the wrong weekday for its date ('{_DATED_WEEKDAY.search(new).group(0)}')"))
-    denied = _denial(text)
-    if denied is not None:  # every value, and a "not" that tells its reader the opposite
-        out.append(({**s.args, param: denied[0]}, f"{param} denies what it states ('{denied[1]} not')"))
+    undercut = _undercut(text, doubt)
+    if undercut is not None:  # every value, and a "not" that tells its reader the opposite (or a "probably": a guess)
+        out.append(({**s.args, param: undercut[0]}, f"{param} {'doubts' if doubt else 'denies'} what it states ('{undercut[1]}')"))
     if s.tool != ANSWER:  # the work done, and reported as not done: its reader does it again, or escalates
         out.append(({**s.args, param: text.rstrip() + FAILED_NOTE}, f"{param} reports the work as not done ('{FAILED_NOTE.strip()}')"))
     return out
@@ -640,7 +642,8 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     per_site = [[variant("wrong_mention", ti, si, s, args, what) for args, what in _mention_swaps(env, s, index)] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["wrong_mention"]))
 
-    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _misstatements(s)] for ti, si, s in effectful]
+    # (a statement denied for an even seed, doubted for an odd one: one mutant either way)
+    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _misstatements(s, doubt=seed % 2 == 1)] for ti, si, s in effectful]
     # each message site starts one kind further on (the second site's first mutant is its hedge, not its zone
     # again): within the cap, the messages of one environment are misstated in as many ways as possible
     per_site = [c[k % len(c):] + c[:k % len(c)] for k, c in enumerate([c for c in per_site if c])]
@@ -662,7 +665,7 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["empty_message"]))
 
-    out.extend(_answer_mutants(env, base, index))
+    out.extend(_answer_mutants(env, base, index, seed))
 
     out.extend(_preempted_events(env, base))
     destructive = _extra_write(env, base, rng)
@@ -731,7 +734,7 @@ def _record_lines(text: str, index: list[list[str]]) -> list[int]:
 _COUNT = re.compile(r"(?<![\w.,$-])(\d{1,2}) (?:[a-z]+ )?[a-z]+s\b")
 
 
-def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[list[str]]) -> list[Mutant]:
+def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[list[str]], seed: int = 0) -> list[Mutant]:
     """The answers of the turns where the user asked a question, mutated as the reader of a sent message would be
     misled: nothing said, a value misstated or changed, another record named, a part left out, and a later turn
     answered with an earlier turn's answer (what was true before the world changed). The work is left as it was."""
@@ -754,9 +757,9 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
         if e is not None:
             out.append(answered("empty_message", ti, e[0]["text"], e[1]))
         out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:3])
-        denied = _denial(said[ti])
-        if denied is not None:  # (not among the first three kinds of a message's misstatements)
-            out.append(answered("misstated_value", ti, denied[0], f"denies what it states ('{denied[1]} not')"))
+        undercut = _undercut(said[ti], doubt=seed % 2 == 0)  # (not among the first three kinds; the messages' other one)
+        if undercut is not None:
+            out.append(answered("misstated_value", ti, undercut[0], f"{'doubts' if seed % 2 == 0 else 'denies'} what it states ('{undercut[1]}')"))
         second = _second_when(s, known) if known is not None else None
         if second is not None:
             out.append(answered("misstated_value", ti, second[0]["text"], second[1]))
