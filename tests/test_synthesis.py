@@ -761,6 +761,30 @@ def test_a_message_reporting_the_work_as_not_done_fails(text, ok):
     assert _run_check(rec, _sent_evidence("Invoice INV-1234", text)) is ok
 
 
+@pytest.mark.parametrize("text, ok", [
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, Alex", True),
+    ("[Action needed] Hi Clara, INV-1234 is corrected to 4830.00 USD (see [the shared folder]).", True),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Questions? Write to <alex.morgan@northwind.example>.", True),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD [1]. [1] Per the signed order.", True),
+    ("Hi [Name], INV-1234 is corrected to 4830.00 USD.", False),
+    ("Hi {first_name}, INV-1234 is corrected to 4830.00 USD.", False),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\nBest regards,\n[Your Name]", False),
+    ("Hi Clara, INV-1234 is corrected to [insert amount] (4830.00 USD).", False),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD on <date>.", False),
+    ("<think>I should confirm the amount.</think> Hi Clara, INV-1234 is corrected to 4830.00 USD.", False),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.<|im_end|>", False),
+])
+def test_a_message_with_a_placeholder_or_the_model_s_markup_left_in_fails(text, ok):
+    """embedded-31: a template's placeholder ("Hi [Name],", "{first_name}", "[Your Name]", "<date>") or the model's
+    own markup ("<think>...</think>", "<|im_end|>") left in a message: it is not what its reader should get, whatever
+    else it says right (the misstatement guard of every message, and of an email checked as a record). Brackets
+    that are no placeholder pass."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD"}))
+    rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent"}}))
+    assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok, text
+    assert _run_check(rec, _sent_evidence("Invoice INV-1234", text)) is ok, text
+
+
 @pytest.mark.parametrize("kind, text, ok", [
     ("when", "The Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC.", True),
     ("when", "The Hiring debrief is not moved to Thursday 2026-03-05 at 15:00 UTC.", False),
@@ -4531,6 +4555,54 @@ def ctl_doubts_beside_the_fact(spec, turns, ref):
         yield f"{len(sites)} messages and {len(_answers(spec))} answers + asides with doubts", _program(spec, m, replies)
 
 
+_SALUTED = re.compile(r"^(Hi|Hello|Dear|Thanks|Thank you) [A-Z][a-z]+")
+
+
+def op_placeholder_left_in(spec, turns, ref):
+    """Every message with a template's placeholder left in, each way in turn: the greeting's name as "[Name]" or
+    "{first_name}", or a closing "Best regards, [Your Name]". Everything it must say is still there."""
+    for name, fill in (("[Name]", lambda t: _SALUTED.sub(r"\1 [Name]", t)), ("{first_name}", lambda t: _SALUTED.sub(r"\1 {first_name}", t)),
+                       ("[Your Name]", lambda t: t + "\n\nBest regards,\n[Your Name]")):
+        m, changed = copy.deepcopy(turns), False
+        for ti, si, k, text in _outgoing_texts(turns):
+            if k != "subject" and fill(text) != text:
+                m[ti][si][1][k], changed = fill(text), True
+        if changed:
+            yield f"messages with {name}", _program(spec, m)
+
+
+def op_reasoning_left_in(spec, turns, ref):
+    """Every message and answer opening with the model's own reasoning in its tags ("<think>I should confirm the
+    amount and keep it short.</think> Hi Clara, ...")."""
+    def leak(t):
+        return "<think>I should confirm it and keep it short.</think> " + t
+    m = copy.deepcopy(turns)
+    sites = [x for x in _outgoing_texts(turns) if x[2] != "subject"]
+    for ti, si, k, text in sites:
+        m[ti][si][1][k] = leak(text)
+    replies = [spec.reference[i].reply for i in range(len(turns))]
+    for ti, text in _answers(spec):
+        replies[ti] = leak(text)
+    if sites or _answers(spec):
+        yield f"{len(sites)} messages and {len(_answers(spec))} answers open with <think>...</think>", _program(spec, m, replies)
+
+
+def ctl_brackets_in_prose(spec, turns, ref):
+    """CONTROL: brackets and angle brackets that are no placeholder: a subject tagged "[Action needed]", and every
+    message and answer ending "[Sent from the workspace] Questions? Write to <alex.morgan@...>." (the user's own
+    address). Must still pass."""
+    me = _profile_email(spec)
+    m = copy.deepcopy(turns)
+    sites = list(_outgoing_texts(turns))
+    for ti, si, k, text in sites:
+        m[ti][si][1][k] = f"[Action needed] {text}" if k == "subject" else f"{text}\n\n[Sent from the workspace] Questions? Write to <{me}>."
+    replies = [spec.reference[i].reply for i in range(len(turns))]
+    for ti, text in _answers(spec):
+        replies[ti] = f"{text}\n\n[Sent from the workspace] Questions? Write to <{me}>."
+    if sites or _answers(spec):
+        yield f"{len(sites)} texts and {len(_answers(spec))} answers with brackets", _program(spec, m, replies)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4644,7 +4716,9 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "answer_denies_the_fact": op_answer_denies_the_fact, "negations_beside_the_fact (control)": ctl_negations_beside_the_fact,
              "unpaid_said_with_a_not (control)": ctl_unpaid_said_with_a_not,
              "message_doubts_the_fact": op_message_doubts_the_fact, "answer_doubts_the_fact": op_answer_doubts_the_fact,
-             "doubts_beside_the_fact (control)": ctl_doubts_beside_the_fact}
+             "doubts_beside_the_fact (control)": ctl_doubts_beside_the_fact,
+             "placeholder_left_in": op_placeholder_left_in, "reasoning_left_in": op_reasoning_left_in,
+             "brackets_in_prose (control)": ctl_brackets_in_prose}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

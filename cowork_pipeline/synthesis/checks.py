@@ -328,10 +328,22 @@ def _fails(t):
         return True
     return re.search("(?<![a-z])(?:update|change|request|invitation|invite|email|message|booking|operation|it|this|that)[ ]+(?:failed|did not go through|didn't go through)(?![a-z])", t) is not None
 
+def _unfinished(t):
+    # a template's placeholder left in ("hi [name],", "[your name]", "{first_name}", "<date>") or the model's own markup
+    # ("<think>...</think>", "<|im_end|>"): not a text its reader should get, whatever else it says right
+    if "[" not in t and "{" not in t and "<" not in t:
+        return False  # (most texts): no regex
+    import re
+    if re.search("<[/]?(?:think|thinking|reasoning|reflection|scratchpad|tool_call|function_call)>|<[|][a-z_]+[|]>|[{][{]?[ ]*[a-z_][a-z0-9_ ]*[}]", t):
+        return True
+    # (a bracket's words ending in what a template leaves blank: "[customer name]", "[insert amount here]", "[xx]";
+    # not "[action needed]", "[q3 deck]" nor an address "<ana@acme.example>")
+    return re.search("[<[](?:[a-z]+[ _])*(?:name|names|first name|last name|date|time|amount|company|signature|title|email|phone|position|role|recipient|customer|client|sender|insert[^]>]*|placeholder|x{2,})[]>]", t) is not None
+
 def _misstates(text, year=""):
     low = _low(text)
     t = " ".join(low.replace(",", "").split())
-    return _hedges(" ".join(_money(low).split()) if " or " in t else t) or _weekday_clash(t, year) or _fails(t)
+    return _hedges(" ".join(_money(low).split()) if " or " in t else t) or _weekday_clash(t, year) or _fails(t) or _unfinished(t)
 
 def _undercuts(text, groups, amounts, allowed):
     # a clause that states the fact (a form of each of ``groups``, every one of ``amounts``) and denies or doubts it:
@@ -935,7 +947,8 @@ def _misstates_test(text: str, p: dict[str, Any]) -> str:
     reader cannot tell which holds, and a policy rewarded for it learns to hedge ("4830.00 USD / 4400.00 EUR",
     "15:00 UTC (16:00 CET)" and "in 2 or 3 days" are no hedges; no capability asks for a message offering
     options, one that does needs a check of its own). And no weekday contradicts the date beside it ("Friday
-    2026-03-05" for a Thursday; "Friday, March 5th" too when ``when`` gives the year)."""
+    2026-03-05" for a Thursday; "Friday, March 5th" too when ``when`` gives the year). Nor does it leave a template's
+    placeholder in ("Hi [Name],", "[Your Name]", "{first_name}") or the model's own markup ("<think>...</think>")."""
     year = (p.get("when") or {}).get("date", "")[:4]
     return f"    if _misstates({text}{', ' + repr(year) if year else ''}):\n        continue"
 
