@@ -277,6 +277,12 @@ def test_a_policy_answer_rests_on_the_document_read_not_on_the_search(validator)
     assert not _run(code, {"replies": [f"The limit in {f['city']} is {old:.2f} {cur} per night."]})  # last year's figure
     other = "EUR" if cur != "EUR" else "GBP"
     assert not _run(code, {"replies": [f"The limit in {f['city']} is {f['limit']:.2f} {other} per night."]})  # another currency
+    # embedded-31: the limit per night given for another period misinforms (a week's is seven nights'); "a night",
+    # "per day" and no period at all are what the user asked for
+    assert not _run(code, {"replies": [f"The limit in {f['city']} is {f['limit']:.2f} {cur} per week."]})
+    assert not _run(code, {"replies": [f"The monthly limit in {f['city']} is {f['limit']:.2f} {cur}."]})
+    assert _run(code, {"replies": [f"The limit in {f['city']} is {f['limit']:.2f} {cur}."]})
+    assert _run(code, {"replies": [f"The limit in {f['city']} is {f['limit']:.2f} {cur} per day, taxes included."]})
 
 
 def test_an_answer_stating_a_figure_nothing_showed_is_ungrounded(validator, certified):

@@ -4603,6 +4603,39 @@ def ctl_brackets_in_prose(spec, turns, ref):
         yield f"{len(sites)} texts and {len(_answers(spec))} answers with brackets", _program(spec, m, replies)
 
 
+_PERIOD_SWAPS = ((r"\bper night\b", "per week"), (r"\beach full hour\b", "each full day"), (r"\bper hour\b", "per day"),
+                 (r"\bmonthly fee\b", "yearly fee"))
+
+
+def op_figure_for_another_period(spec, turns, ref):
+    """A message's or answer's figure given for another period or base, each in turn: a hotel limit "per week" for
+    "per night", a service credit "for each full day" for "each full hour" or "of the yearly fee" for "monthly"."""
+    for pattern, other in _PERIOD_SWAPS:
+        for ti, si, k, text in _outgoing_texts(turns):
+            if re.search(pattern, text):
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = re.sub(pattern, other, text)
+                yield f"{turns[ti][si][0]}.{k}: -> {other!r}", _program(spec, m)
+        for ti, text in _answers(spec):
+            if re.search(pattern, text):
+                yield f"turn {ti}: -> {other!r}", _answered(spec, turns, ti, re.sub(pattern, other, text))
+
+
+def ctl_period_said_otherwise(spec, turns, ref):
+    """CONTROL: a figure's period said another way, or left out: "per night" as "a night", "nightly" or nothing,
+    "per hour" as "an hour", "monthly fee" as "fee per month". Must still pass."""
+    for name, swaps in (("a night / an hour", ((r"\bper night\b", "a night"), (r"\bper hour\b", "an hour"))),
+                        ("nightly", ((r" per night\b", " nightly"),)), ("no period", ((r" per night\b", ""),)),
+                        ("fee per month", ((r"\bmonthly fee\b", "fee per month"),))):
+        def sw(t, swaps=swaps):
+            for a, b in swaps:
+                t = re.sub(a, b, t)
+            return t
+        prog = _retyped(spec, turns, sw)
+        if prog:
+            yield f"periods as {name}", prog
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4718,7 +4751,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "message_doubts_the_fact": op_message_doubts_the_fact, "answer_doubts_the_fact": op_answer_doubts_the_fact,
              "doubts_beside_the_fact (control)": ctl_doubts_beside_the_fact,
              "placeholder_left_in": op_placeholder_left_in, "reasoning_left_in": op_reasoning_left_in,
-             "brackets_in_prose (control)": ctl_brackets_in_prose}
+             "brackets_in_prose (control)": ctl_brackets_in_prose,
+             "figure_for_another_period": op_figure_for_another_period, "period_said_otherwise (control)": ctl_period_said_otherwise}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -91,6 +91,11 @@ CITIES = [("Berlin", "EUR", 180), ("Paris", "EUR", 240), ("London", "GBP", 210),
           ("Singapore", "SGD", 300), ("Madrid", "EUR", 160), ("Toronto", "CAD", 250)]
 
 
+# A limit per night given for another period misinforms by a factor of 7 or 30 ("180.00 EUR per week"); "per day" is how
+# some people say per night, and a limit without its period is what the user asked for.
+OTHER_PERIODS = ["per week", "a week", "weekly", "per month", "a month", "monthly", "per year", "a year", "per stay", "per trip"]
+
+
 def _limits(rows: list[tuple[str, str, int]], delta: int) -> str:
     return "\n".join(f"- {city}: {amount + delta} {cur}" for city, cur, amount in rows)
 
@@ -124,7 +129,8 @@ def travel_policy_question(ctx: Ctx) -> Composition:
              f"manager approves before booking.")]
     items = [
         ItemPlan("limit_given", f"The answer gives the {city} limit of the current policy: {amount} {cur} per night",
-                 CheckSpec("answer", {"turn": 0, "includes": [], "amounts": [amount], "currency": cur}, service="answer"), 2.0, turn=0,
+                 CheckSpec("answer", {"turn": 0, "includes": [], "amounts": [amount], "currency": cur,
+                                      "excludes": OTHER_PERIODS}, service="answer"), 2.0, turn=0,  # the limit is per night
                  extra={"piece": "city"}),
         ItemPlan("policy_read", f"The agent read the current policy ({title}) before answering",
                  CheckSpec("looked_up", {"turn": 0, "shows": [doc["id"], f"- {city}: {amount} {cur}"]}, service="docs"), 1.0, turn=0,

@@ -515,6 +515,10 @@ def _percent(x: int) -> list[str]:
     return [f"{x}%", f"{x} %", f"{x} percent", f"{x} per cent"]
 
 
+# The terms' credit is a share of the monthly fee per full hour: one "of the yearly fee" or "per day" is other terms.
+OTHER_TERMS = ["yearly fee", "annual fee", "per day", "each day", "each full day", "per week", "per minute", "each minute"]
+
+
 @composer("ticket_service_credit")
 def ticket_service_credit(ctx: Ctx) -> Composition:
     wb = ctx.world("Support")
@@ -591,7 +595,8 @@ def ticket_service_credit(ctx: Ctx) -> Composition:
     items = [
         ItemPlan("answered", f"A public comment gives the terms: {rate}% per hour beyond the SLA, up to {cap}%",
                  CheckSpec("comment_added", {"ticket_id": tkt["id"], "public": True, "says": [_percent(rate), _percent(cap)], "percentages": [rate, cap],
-                                             "excludes": _percent(old_rate) + _percent(old_cap)},  # not the superseded terms
+                                             # not the superseded terms, nor the terms per another period or fee
+                                             "excludes": _percent(old_rate) + _percent(old_cap) + OTHER_TERMS},
                            service="helpdesk"), 2.0, turn=0, extra={"piece": "terms"}),
         ItemPlan("pending", "The ticket was set to pending after the answer",
                  CheckSpec("write_in_turn", {"tool": "helpdesk_update_ticket", "turn": 0, "id": tkt["id"], "fields": {"status": "pending"}},
