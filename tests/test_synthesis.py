@@ -785,6 +785,44 @@ def test_a_message_with_a_placeholder_or_the_model_s_markup_left_in_fails(text, 
     assert _run_check(rec, _sent_evidence("Invoice INV-1234", text)) is ok, text
 
 
+@pytest.mark.parametrize("text, ok", [
+    ("The Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC.", True),
+    ("The Hiring debrief is moved to Tuesday 2026-03-03 (tomorrow) at 15:00 UTC.", True),
+    ("The Hiring debrief is moved to tomorrow, Tuesday, March 3, at 15:00 UTC.", True),
+    ("I moved it today: the Hiring debrief is on Thursday 2026-03-05 at 15:00 UTC.", True),  # today is no date's
+    ("The Hiring debrief is moved to tomorrow (2026-03-05) at 15:00 UTC.", False),
+    ("The Hiring debrief is moved to 2026-03-05 (today) at 15:00 UTC.", False),
+    ("The Hiring debrief is moved to today, March 5, at 15:00 UTC.", False),
+])
+def test_a_relative_day_beside_a_date_must_be_that_date(text, ok):
+    """embedded-31: every world's clock starts on Monday 2026-03-02, so "tomorrow" beside a date must be 2026-03-03,
+    "today" 2026-03-02 and "yesterday" 2026-03-01 (the misstatement guard of every message)."""
+    when = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Hiring debrief"],
+                                          "when": {"date": "2026-03-05" if "03-03" not in text and "March 3" not in text else "2026-03-03", "time": "15:00"}}))
+    assert _run_check(when, _sent_evidence("Moved", text)) is ok, text
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, Alex", True),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best regards, Alex Morgan", True),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Thanks, Clara!", True),  # thanking the reader
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, the Finance team", True),  # no person's name
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, Grace", False),  # a colleague's
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nKind regards,\nGrace Kim", False),
+])
+def test_a_message_signed_with_a_colleague_s_name_fails(text, ok):
+    """embedded-31: an email (checked as a message or as a record) or a comment that closes with another person's
+    name than the user's speaks for someone else."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD"}))
+    rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent"}}))
+    ev = _sent_evidence("Invoice INV-1234", text)
+    ev["profile"] = {"email": "alex.morgan@northwind.example", "name": "Alex Morgan"}
+    ev["final"]["directory.people"] = {p["id"]: p for p in [{"id": "p1", "name": "Alex Morgan", "email": "alex.morgan@northwind.example"},
+                                                             {"id": "p2", "name": "Grace Kim", "email": "grace.kim@northwind.example"}]}
+    assert _run_check(mail, ev) is ok, text
+    assert _run_check(rec, ev) is ok, text
+
+
 @pytest.mark.parametrize("kind, text, ok", [
     ("when", "The Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC.", True),
     ("when", "The Hiring debrief is not moved to Thursday 2026-03-05 at 15:00 UTC.", False),
@@ -4636,6 +4674,69 @@ def ctl_period_said_otherwise(spec, turns, ref):
             yield f"periods as {name}", prog
 
 
+def _relative_days(text, right):
+    """``text``'s first ISO date with a relative day before it: the right one for that date with ``right`` (the
+    workspace starts on 2026-03-02), else one that is not ("tomorrow" for any day but 2026-03-03, else "today")."""
+    def rel(x):
+        offset = (datetime(int(x.group(1)), int(x.group(2)), int(x.group(3))) - datetime(2026, 3, 2)).days
+        names = {-1: "yesterday", 0: "today", 1: "tomorrow"}
+        if right:
+            return f"{names[offset]} ({x.group(0)})" if offset in names else x.group(0)
+        return f"{'today' if offset == 1 else 'tomorrow'} ({x.group(0)})"
+    return _ISO_DAY.sub(rel, text, count=1)
+
+
+def op_relative_day_contradicts_the_date(spec, turns, ref):
+    """A message's or answer's first date with "tomorrow" or "today" before it that is not that date, as the
+    workspace's clock has it ("tomorrow (2026-03-04)" on 2026-03-02)."""
+    for ti, si, k, text in _outgoing_texts(turns):
+        if _relative_days(text, False) != text:
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = _relative_days(text, False)
+            yield f"{turns[ti][si][0]}.{k}: {m[ti][si][1][k][:110]!r}", _program(spec, m)
+    for ti, text in _answers(spec):
+        if _relative_days(text, False) != text:
+            yield f"turn {ti}: {_relative_days(text, False)[:110]!r}", _answered(spec, turns, ti, _relative_days(text, False))
+
+
+def ctl_relative_day_beside_its_date(spec, turns, ref):
+    """CONTROL: a message's or answer's first date of the day before the workspace's first day, that day or the next
+    with "yesterday", "today" or "tomorrow" before it ("tomorrow (2026-03-03)"). Must still pass."""
+    prog = _retyped(spec, turns, lambda t: _relative_days(t, True))
+    if prog:
+        yield "relative days beside their dates", prog
+
+
+def op_signed_as_a_colleague(spec, turns, ref):
+    """An email or a comment signed with a colleague's first name instead of the user's ("... Best, Grace" from
+    Ravi's account): it speaks for someone else."""
+    me = _profile_email(spec)
+    people = spec.world.get("directory.people", {}).values()
+    mine = [r["name"].split()[0] for r in people if r.get("email") == me]
+    others = sorted({r["name"].split()[0] for r in people if r.get("email") != me} - set(mine))
+    for ti, si, k, text in _outgoing_texts(turns):
+        if mine and others and re.search(r"(Best|Regards|Cheers),? %s$" % re.escape(mine[0]), text.rstrip()):
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = re.sub(r"%s$" % re.escape(mine[0]), others[0], text.rstrip())
+            yield f"{turns[ti][si][0]}.{k}: ...{m[ti][si][1][k][-30:]!r}", _program(spec, m)
+
+
+def ctl_signed_in_full_or_thanking_the_reader(spec, turns, ref):
+    """CONTROL: emails and comments signed with the user's full name ("Best regards, Ravi Patel"), or ending
+    "Thanks, <the reader's first name>!" instead. Must still pass."""
+    me = _profile_email(spec)
+    full = [r["name"] for r in spec.world.get("directory.people", {}).values() if r.get("email") == me]
+    for name, sign in (("full name", lambda t, x: re.sub(r"(Best|Regards|Cheers),? \S+$", f"Best regards, {full[0]}", t.rstrip())),
+                       ("thanks", lambda t, x: re.sub(r"(Best|Regards|Cheers),? \S+$", f"Thanks, {x}!", t.rstrip()))):
+        m, changed = copy.deepcopy(turns), False
+        for ti, si, k, text in _outgoing_texts(turns):
+            reader = re.match(r"(?:Hi|Hello|Dear|Thanks) ([A-Z][a-z]+)", text)
+            if full and reader and re.search(r"(Best|Regards|Cheers),? \S+$", text.rstrip()):
+                m[ti][si][1][k], changed = sign(text, reader.group(1)), True
+        if changed:
+            yield f"signed: {name}", _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4752,7 +4853,10 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "doubts_beside_the_fact (control)": ctl_doubts_beside_the_fact,
              "placeholder_left_in": op_placeholder_left_in, "reasoning_left_in": op_reasoning_left_in,
              "brackets_in_prose (control)": ctl_brackets_in_prose,
-             "figure_for_another_period": op_figure_for_another_period, "period_said_otherwise (control)": ctl_period_said_otherwise}
+             "figure_for_another_period": op_figure_for_another_period, "period_said_otherwise (control)": ctl_period_said_otherwise,
+             "relative_day_contradicts_the_date": op_relative_day_contradicts_the_date,
+             "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
+             "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -340,10 +340,34 @@ def _unfinished(t):
     # not "[action needed]", "[q3 deck]" nor an address "<ana@acme.example>")
     return re.search("[<[](?:[a-z]+[ _])*(?:name|names|first name|last name|date|time|amount|company|signature|title|email|phone|position|role|recipient|customer|client|sender|insert[^]>]*|placeholder|x{2,})[]>]", t) is not None
 
+def _relative_clash(t):
+    # "tomorrow (2026-03-04)" on the workspace's first day, 2026-03-02 (every world's clock starts then): a relative
+    # day beside a date must be that date ("today, march 2", "2026-03-03 (tomorrow)")
+    if "today" not in t and "tomorrow" not in t and "yesterday" not in t:
+        return False  # (most texts): no regex
+    import re
+    from datetime import date
+    months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+    rel = "(yesterday|today|tomorrow)"
+    day = "(?:([0-9]{4})-([0-9]{2})-([0-9]{2})|(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*[.]?[ ]+([0-9]{1,2})(?:st|nd|rd|th)?(?![0-9]))"
+    for m in re.finditer(rel + "[ ]*[,(]?[ ]*(?:on[ ]+)?(?:[a-z]+day[ ]*,?[ ]+)?" + day + "|" + day + "[ ]*[,(][ ]*" + rel, t):
+        g = m.groups()  # (relative day, year, month, day, month's name, day; the same five; relative day)
+        said = g[0] or g[11]
+        y, mo, d = (g[1], g[2], g[3]) if g[1] else (g[6], g[7], g[8]) if g[6] else ("2026", "", "")
+        if g[4] or g[9]:
+            mo, d = str(months.index(g[4] or g[9]) + 1), g[5] or g[10]
+        try:
+            when = date(int(y), int(mo), int(d))
+        except ValueError:
+            continue
+        if (when - date(2026, 3, 2)).days != ["yesterday", "today", "tomorrow"].index(said) - 1:
+            return True
+    return False
+
 def _misstates(text, year=""):
     low = _low(text)
     t = " ".join(low.replace(",", "").split())
-    return _hedges(" ".join(_money(low).split()) if " or " in t else t) or _weekday_clash(t, year) or _fails(t) or _unfinished(t)
+    return _hedges(" ".join(_money(low).split()) if " or " in t else t) or _weekday_clash(t, year) or _fails(t) or _unfinished(t) or _relative_clash(t)
 
 def _undercuts(text, groups, amounts, allowed):
     # a clause that states the fact (a form of each of ``groups``, every one of ``amounts``) and denies or doubts it:
@@ -400,6 +424,22 @@ def _greets(text, others):
     else:
         return False  # no salutation (most texts)
     return name.strip("!.:;") in others.split("|")
+
+def _signs_as(text, ev):
+    # signed with a colleague's name, not the user's ("... Best, Grace" in an email Ravi sends): the message speaks for
+    # someone else ("thanks, clara" at its end may thank the reader, and a team's name is no person's)
+    t = " ".join(_low(text).replace(",", " ").split())
+    if not ("best" in t or "regards" in t or "cheers" in t or "sincerely" in t):
+        return False  # no closing (most chat posts and comments): no regex
+    import re
+    m = re.search("(?<![a-z])(?:best|regards|cheers|sincerely|all the best)[!.]?[ ]+([a-z'-]+)(?:[ ]+[a-z'-]+)?[.!]?$", t)
+    if m is None or m.group(1) == (_low(ev["profile"].get("name") or "").split() or [""])[0]:
+        return False
+    for c in ("directory.people", "crm.contacts"):
+        for r in _coll(ev, c).values():
+            if _low(r.get("name") or "").split()[:1] == [m.group(1)]:
+                return True
+    return False
 
 def _own_words(m):
     # what the sender wrote: not a reply's or a forward's inherited subject ("Re: Design review moved to 11:00 UTC"),
@@ -1039,6 +1079,8 @@ for m in _sent(ev):
 {"    if rcpt != want_to:" + chr(10) + "        continue" if only else ""}
 {"    if m.get('in_reply_to') != " + repr(reply_to) + ":" + chr(10) + "        continue" if reply_to is not None else ""}
 {"    if _greets(m['body'], " + repr(p['others']) + "):" + chr(10) + "        continue" if p.get("others") else ""}
+    if _signs_as(_own_words(m), ev):
+        continue
 {"    if not _asks(m['body']):" + chr(10) + "        continue" if p.get("asks") else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
@@ -1064,7 +1106,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
     for k, allowed in sorted((p.get("when_allowed") or {}).items()):  # nor gives its record another date or time (see field_equals)
         unless += f" and not _stray_when(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
-        unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body')))"
+        unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body'))) and not _signs_as(_own_words(r), ev)"
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
     # a record is skipped at its first mismatching field (the checker scans every new record)
@@ -1166,7 +1208,7 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
 if t is None:
     return False
 for c in t["comments"]:
-    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _misstates(c["body"]){unless}:
+    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _misstates(c["body"]) and not _signs_as(c["body"], ev){unless}:
         return True
 return False"""
 
