@@ -279,15 +279,24 @@ def _weekday_clash(t, year):
     if year:
         found = found + [(wd + "[ ]+" + month + "[ ]+([0-9]{1,2})(?![0-9])", 1, 0, 2, 3),
                          (wd + "[ ]+(?:the[ ]+)?([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + month, 1, 0, 3, 2)]
+    # (each pattern tried where a weekday stands, not scanned over the whole text: a weekday first is matched at
+    # the weekday; a date first is found in the few characters before it, up to its end)
+    hits = list(re.finditer(wd, t))
+    if not hits:
+        return False
     for pattern, w, y, mo, d in found:
-        for m in re.finditer(pattern, t):
-            mm = m.group(mo)
-            try:
-                when = date(int(m.group(y)) if y else int(year), int(mm) if mm.isdigit() else months.index(mm) + 1, int(m.group(d)))
-            except ValueError:
-                return True  # no such date (2026-02-30)
-            if days[when.weekday()] != m.group(w):
-                return True
+        p = re.compile(pattern)
+        for h in hits:
+            for m in [p.match(t, h.start())] if w == 1 else p.finditer(t, max(0, h.start() - 32), h.end()):
+                if m is None:
+                    continue
+                mm = m.group(mo)
+                try:
+                    when = date(int(m.group(y)) if y else int(year), int(mm) if mm.isdigit() else months.index(mm) + 1, int(m.group(d)))
+                except ValueError:
+                    return True  # no such date (2026-02-30)
+                if days[when.weekday()] != m.group(w):
+                    return True
     # a date as numbers reads day first or month first: the weekday beside it must fit one reading ("friday
     # 05/03/2026" fits neither thursday march 5 nor sunday may 3)
     numeric = "([0-9]{1,2})[/.]([0-9]{1,2})[/.]([0-9]{4})(?![0-9])"
@@ -297,20 +306,24 @@ def _weekday_clash(t, year):
         short = "(?<![0-9./])([0-9]{1,2})(/|[.])([0-9]{1,2})[.]?(?![0-9]|[/.][0-9])"
         found = found + [(wd + "[ ]+(?:the[ ]+)?" + short, 1, -2), (short + "[ ]*[(]?" + wd, 4, -1)]
     for pattern, w, g in found:
-        for m in re.finditer(pattern, t):
-            if g > 0:
-                a, b, y, readings = m.group(g), m.group(g + 1), m.group(g + 2), "md"
-            else:  # (no year group: its second group is the separator)
-                a, b, y, readings = m.group(-g), m.group(-g + 2), year, "m" if m.group(-g + 1) == "." else "md"
-            fits, dated = False, g > 0
-            for mo, d in ((b, a), (a, b))[:len(readings)]:
-                try:
-                    fits = fits or days[date(int(y), int(mo), int(d)).weekday()] == m.group(w)
-                    dated = True
-                except ValueError:
-                    pass
-            if dated and not fits:
-                return True
+        p = re.compile(pattern)
+        for h in hits:
+            for m in [p.match(t, h.start())] if w == 1 else p.finditer(t, max(0, h.start() - 32), h.end()):
+                if m is None:
+                    continue
+                if g > 0:
+                    a, b, y, readings = m.group(g), m.group(g + 1), m.group(g + 2), "md"
+                else:  # (no year group: its second group is the separator)
+                    a, b, y, readings = m.group(-g), m.group(-g + 2), year, "m" if m.group(-g + 1) == "." else "md"
+                fits, dated = False, g > 0
+                for mo, d in ((b, a), (a, b))[:len(readings)]:
+                    try:
+                        fits = fits or days[date(int(y), int(mo), int(d)).weekday()] == m.group(w)
+                        dated = True
+                    except ValueError:
+                        pass
+                if dated and not fits:
+                    return True
     return False
 
 def _fails(t):
@@ -383,8 +396,11 @@ def _undercuts(text, groups, amounts, allowed):
     deny = "(?<![a-z])(?:not|never|no longer|cannot)(?![a-z])|n't(?![a-z])"
     # (a doubt: "may" not as the month, "may 5" or "5 may"; "about", "around" only right before a time or an amount)
     doubt = "(?<![a-z])(?:might|maybe|perhaps|probably|possibly|likely|tentative|tentatively|unconfirmed|to be confirmed|tbc|presumably|supposedly|i think|i believe|i guess|could be|seems to|appears to)(?![a-z])|(?<![a-z])(?<![0-9][ ])may(?![a-z])(?![ ]+[0-9])|(?<![a-z])(?:about|around|roughly|approximately|approx[.]?|circa|some)[ ]+(?=[$\u20ac\u00a3]?[0-9]+(?::[0-9]{2}|[.][0-9]{2}|[ ]?[ap][.]?m(?![a-z])|[ ]?(?:usd|eur|gbp|chf|cad|aud|sgd|jpy)(?![a-z])))|~(?=[ ]?[0-9])"  # (one literal: the sandbox compiles checkers by skeleton, which folded literals defeat)
+    # no word a denial or a doubt needs (most texts): a search for plain words first, 4x faster than the patterns
+    if re.search("n't|not|never|longer|might|may|perhap|probab|possib|likely|tentativ|confirmed|tbc|presum|suppos|think|believ|guess|could be|seems|appears|about|around|rough|approx|circa|some |~", t) is None:
+        return False
     if re.search(deny + "|" + doubt, t) is None:
-        return False  # no word a denial or a doubt needs (most texts)
+        return False
     # a denial is not one where the word after it says what the fact is ("not paid" of an overdue invoice), nor
     # "could not find", "do not hesitate", "not only"; nor is a phrasing of the fact itself ("will not take place")
     free = "find|see|locate|spot|hesitate"
