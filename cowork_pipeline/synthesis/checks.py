@@ -1003,7 +1003,8 @@ def _misstates_test(text: str, p: dict[str, Any]) -> str:
     reader cannot tell which holds, and a policy rewarded for it learns to hedge ("4830.00 USD / 4400.00 EUR",
     "15:00 UTC (16:00 CET)" and "in 2 or 3 days" are no hedges; no capability asks for a message offering
     options, one that does needs a check of its own). And no weekday contradicts the date beside it ("Friday
-    2026-03-05" for a Thursday; "Friday, March 5th" too when ``when`` gives the year). Nor does it leave a template's
+    2026-03-05" for a Thursday; "Friday, March 5th" too when ``when`` gives the year), nor a relative day the date
+    beside it ("tomorrow (2026-03-04)" on the workspace's first day, 2026-03-02). Nor does it leave a template's
     placeholder in ("Hi [Name],", "[Your Name]", "{first_name}") or the model's own markup ("<think>...</think>")."""
     year = (p.get("when") or {}).get("date", "")[:4]
     return f"    if _misstates({text}{', ' + repr(year) if year else ''}):\n        continue"
