@@ -363,6 +363,20 @@ def test_skeleton_instantiation_equals_compile_for_every_embedded_checker() -> N
     assert compiler.skeletons.chars == sum(map(len, compiler.skeletons))
 
 
+def test_every_embedded_checker_is_policy_clean_by_its_text() -> None:
+    """The parent judges a checker's sandbox policy from its text (or its skeleton's) and walks the AST only when a
+    policy word stands in it; a full walk of a long checker costs ~16 ms. No embedded checker may need one: a
+    helper calling ``re.compile`` (a banned name, as a token) once sent every message checker of a template there."""
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+    from cowork_pipeline.validation.sandbox import _policy_clean_text
+
+    backend = EmbeddedBackend()
+    unclean = {(cap.id, item.id) for cap in load_catalog().values() for seed in range(2)
+               for item in backend.draft(cap, seed).spec.rubric if not _policy_clean_text(item.code)}
+    assert not unclean, sorted(unclean)
+
+
 def test_a_when_checker_s_skeleton_does_not_depend_on_the_day_or_the_hour() -> None:
     """The skeleton places equal strings on one placeholder, so a form equal to another form (or to a literal of the
     prelude: "12:00") for some dates or times only would give those checkers a template of their own, compiled

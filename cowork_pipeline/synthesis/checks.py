@@ -261,6 +261,10 @@ def _hedges(t):
     day = "[0-9]{1,2}(?:st|nd|rd|th)?"
     return re.search("(?<![0-9a-z.:])(?:" + month + "[ ]+" + day + "[ ]+or[ ]+" + day + "(?![0-9a-z:]|[.][0-9]|[ ]*[ap][.]?m(?![a-z]))|" + day + "[ ]+or[ ]+" + day + "[ ]+(?:of[ ]+)?" + month + ")", t) is not None
 
+def _before(t, at):
+    # where the word stands that is 32 characters or more before ``at``: a cut there keeps a look-behind's view (a space)
+    return t.rfind(" ", 0, max(0, at - 32)) + 1
+
 def _weekday_clash(t, year):
     days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
     if (not year and "-" not in t and "/" not in t) or not any(d in t for d in days):
@@ -279,15 +283,15 @@ def _weekday_clash(t, year):
     if year:
         found = found + [(wd + "[ ]+" + month + "[ ]+([0-9]{1,2})(?![0-9])", 1, 0, 2, 3),
                          (wd + "[ ]+(?:the[ ]+)?([0-9]{1,2})(?:st|nd|rd|th)?[ ]+(?:of[ ]+)?" + month, 1, 0, 3, 2)]
-    # (each pattern tried where a weekday stands, not scanned over the whole text: a weekday first is matched at
-    # the weekday; a date first is found in the few characters before it, up to its end)
+    # (each pattern tried where a weekday stands, not scanned over the whole text: a weekday first is matched from
+    # the weekday on, where its own look-behind held; a date first is found in the words of the 32 characters before
+    # it, up to its end)
     hits = list(re.finditer(wd, t))
     if not hits:
         return False
     for pattern, w, y, mo, d in found:
-        p = re.compile(pattern)
         for h in hits:
-            for m in [p.match(t, h.start())] if w == 1 else p.finditer(t, max(0, h.start() - 32), h.end()):
+            for m in [re.match(pattern, t[h.start():])] if w == 1 else re.finditer(pattern, t[_before(t, h.start()):h.end()]):
                 if m is None:
                     continue
                 mm = m.group(mo)
@@ -306,9 +310,8 @@ def _weekday_clash(t, year):
         short = "(?<![0-9./])([0-9]{1,2})(/|[.])([0-9]{1,2})[.]?(?![0-9]|[/.][0-9])"
         found = found + [(wd + "[ ]+(?:the[ ]+)?" + short, 1, -2), (short + "[ ]*[(]?" + wd, 4, -1)]
     for pattern, w, g in found:
-        p = re.compile(pattern)
         for h in hits:
-            for m in [p.match(t, h.start())] if w == 1 else p.finditer(t, max(0, h.start() - 32), h.end()):
+            for m in [re.match(pattern, t[h.start():])] if w == 1 else re.finditer(pattern, t[_before(t, h.start()):h.end()]):
                 if m is None:
                     continue
                 if g > 0:
