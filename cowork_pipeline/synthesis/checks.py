@@ -795,18 +795,21 @@ def _fmt_num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
 
 
+_PRELUDE_BLOCKS = {b.split("(")[0][4:]: b for b in PRELUDE.strip().split("\n\n")}  # helper name -> its source
+# helper name -> the helpers its source calls (split and searched once, not for every checker drafted)
+_PRELUDE_CALLS = {name: [n for n in _PRELUDE_BLOCKS if n + "(" in block] for name, block in _PRELUDE_BLOCKS.items()}
+
+
 def _prelude_for(body: str) -> str:
     """Only the helpers the body uses (and what they use): compile time is per line."""
-    blocks = {b.split("(")[0][4:]: b for b in PRELUDE.strip().split("\n\n")}
     need: set[str] = set()
-    todo = [body]
+    todo = [n for n in _PRELUDE_BLOCKS if n + "(" in body]
     while todo:
-        text = todo.pop()
-        for name, block in blocks.items():
-            if name not in need and name + "(" in text:
-                need.add(name)
-                todo.append(block)
-    return "\n\n".join(b for n, b in blocks.items() if n in need)
+        name = todo.pop()
+        if name not in need:
+            need.add(name)
+            todo.extend(_PRELUDE_CALLS[name])
+    return "\n\n".join(b for n, b in _PRELUDE_BLOCKS.items() if n in need)
 
 
 def source(spec: CheckSpec) -> str:
@@ -1079,8 +1082,9 @@ def _message_tests(text: str, p: dict[str, Any], own: str = "") -> str:
     thing in the sender's ``own`` words, the text by default: "moved to 11:00 UTC ... see you at 13:00 UTC"; see
     field_equals)."""
     allowed = f"    if _stray_when({own or text}, {'|'.join(p['when_allowed'])!r}):\n        continue" if p.get("when_allowed") else ""
-    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _undercuts_test(own or text, p), _amounts_test(text, p),
-                      _when_test(text, p), allowed])
+    # (the denial and doubt guard last: it reads clauses, and a message that fails a cheaper guard needs no reading)
+    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _amounts_test(text, p), _when_test(text, p), allowed,
+                      _undercuts_test(own or text, p)])
 
 
 def _mail_sent(p: dict[str, Any], strict: bool) -> str:
@@ -1099,12 +1103,12 @@ for m in _sent(ev):
 {"    if rcpt != want_to:" + chr(10) + "        continue" if only else ""}
 {"    if m.get('in_reply_to') != " + repr(reply_to) + ":" + chr(10) + "        continue" if reply_to is not None else ""}
 {"    if _greets(m['body'], " + repr(p['others']) + "):" + chr(10) + "        continue" if p.get("others") else ""}
-    if _signs_as(_own_words(m), ev):
-        continue
 {"    if not _asks(m['body']):" + chr(10) + "        continue" if p.get("asks") else ""}
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
 {_message_tests('m["subject"] + " " + m["body"]', p, '_own_words(m)')}
+    if _signs_as(_own_words(m), ev):
+        continue
     return True
 return False"""
 
