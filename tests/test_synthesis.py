@@ -833,6 +833,9 @@ def test_a_message_signed_with_a_colleague_s_name_fails(text, ok):
     ("when", "The Hiring debrief is on Thursday 2026-03-05 at 15:00 UTC. Let me know if 15:00 UTC does not work.", True),
     ("when", "The Hiring debrief is on Thursday 2026-03-05 at 15:00 UTC. Doesn't 2026-03-05 at 15:00 UTC suit you?", True),
     ("when", "The Hiring debrief is on Thursday 2026-03-05 at 15:00 UTC (not last week's slot). Don't hesitate to ask.", True),
+    ("when", "Since 13:00 no longer works for Grace, the Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC.", True),
+    ("when", "Hi all, as we can't keep the slot, the Hiring debrief is moved to Thursday 2026-03-05 at 15:00 UTC.", True),
+    ("when", "Since you asked, the Hiring debrief is not moved to Thursday 2026-03-05 at 15:00 UTC.", False),
     ("amounts", "Invoice INV-1234 is corrected to 4830.00 USD.", True),
     ("amounts", "Invoice INV-1234: the corrected amount is not 4830.00 USD.", False),
     ("amounts", "Invoice INV-1234 has not been corrected to 4830.00 USD.", False),
@@ -4737,6 +4740,20 @@ def ctl_signed_in_full_or_thanking_the_reader(spec, turns, ref):
             yield f"signed: {name}", _program(spec, m)
 
 
+def ctl_reason_given_first(spec, turns, ref):
+    """CONTROL: every message and answer opens (after its greeting) with a reason or a circumstance that has a "not"
+    or a "can't" of its own: "Since the old plan no longer works, the Hiring debrief is moved to ...", "As we can't
+    keep it as it was, ...", "Although nothing else changes, ...". Must still pass."""
+    for lead in ("Since the old plan no longer works, ", "As we can't keep it as it was, ", "Although nothing else changes, "):
+        def led(t, lead=lead):
+            m = re.match(r"^((?:Hi|Hello|Dear|Thanks|Thank you|Heads-up:?)[^,.:!]*[,.:!] )?(.*)$", t, re.S)
+            head, rest = m.group(1) or "", m.group(2)
+            return head + lead + rest[:1].lower() + rest[1:] if rest else t
+        prog = _retyped(spec, turns, led)
+        if prog:
+            yield f"opens: {lead.strip()}", prog
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4856,7 +4873,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "figure_for_another_period": op_figure_for_another_period, "period_said_otherwise (control)": ctl_period_said_otherwise,
              "relative_day_contradicts_the_date": op_relative_day_contradicts_the_date,
              "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
-             "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader}
+             "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -419,19 +419,22 @@ def _undercuts(text, groups, amounts, allowed):
         if s.rstrip().endswith("?"):
             continue
         cut = re.search("(?<![a-z])(?:if|unless|whether|in case)(?![a-z])", s)
-        for c in re.split(",[ ]*(?=(?:not|but|and|or|though|although|while|whereas|which|so|because|since|as|yet|i|we|you|they|please|let|there|this|that)(?![a-z]))|[ ](?=(?:but|though|although|whereas|while|and|so|because|since|yet)[ ])", s[:cut.start()] if cut else s):
-            undercut = re.search(doubt, c) is not None
-            for m in re.finditer(deny, c):
-                undercut = undercut or re.match(free, c[m.end():]) is None
-            if not undercut:
-                continue
-            stated = True
-            for forms, when in groups:
-                stated = stated and _mentions(c, forms, "0-9a-z", when)
-            for a in amounts:
-                stated = stated and _has_amount(c, a)
-            if stated:
-                return True
+        for whole in re.split(",[ ]*(?=(?:not|but|and|or|though|although|while|whereas|which|so|because|since|as|yet|i|we|you|they|please|let|there|this|that)(?![a-z]))|[ ](?=(?:but|though|although|whereas|while|and|so|because|since|yet)[ ])", s[:cut.start()] if cut else s):
+            # a reason or a circumstance put first ends at its comma: "since 13:00 no longer works, it is moved to ..."
+            lead = re.match("(?:since|as(?![ ]of)|because|although|though|even though|while|whereas|given that|now that|once|when|after|before)(?![a-z])[^,]*,", whole)
+            for c in [whole[:lead.end()], whole[lead.end():]] if lead else [whole]:
+                undercut = re.search(doubt, c) is not None
+                for m in re.finditer(deny, c):
+                    undercut = undercut or re.match(free, c[m.end():]) is None
+                if not undercut:
+                    continue
+                stated = True
+                for forms, when in groups:
+                    stated = stated and _mentions(c, forms, "0-9a-z", when)
+                for a in amounts:
+                    stated = stated and _has_amount(c, a)
+                if stated:
+                    return True
     return False
 
 def _greets(text, others):
@@ -1023,7 +1026,7 @@ def _undercuts_cond(text: str, p: dict[str, Any]) -> str:
     item asks for around a "not" tells its reader the opposite, and around a "probably" leaves them to guess. The fact
     is the item's most specific values: its amounts, else its date and time, else what it includes and says (a clause
     must name all of them). Not a denial nor a doubt: a question, what follows a condition ("let me know if 15:00 UTC
-    does not work"), a contrast or an aside in a clause of its own ("15200.00 USD, not 16000.00 USD", "you may reply
+    does not work"), a reason put first ("since 13:00 no longer works, ..."), a contrast or an aside in a clause of its own ("15200.00 USD, not 16000.00 USD", "you may reply
     with questions"), a phrasing of ``says`` ("will not take place"), a "not" before one of ``negations`` ("INV-1 for
     3800.00 USD has not been paid", where the unpaid invoice is the fact), "could not find", "do not hesitate", "May 5"."""
     amounts = [_fmt_amount(a) for a in p.get("amounts") or []]
