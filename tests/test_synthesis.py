@@ -863,6 +863,12 @@ def test_a_message_signed_with_a_colleague_s_name_fails(text, ok):
     ("says", "Heads-up: the Design critique on 2026-03-04 is likely cancelled.", False),
     ("says", "Heads-up: the Design critique on 2026-03-04 is cancelled, so you may use the slot.", True),
     ("names", "Marcus Rao may get back to you.", False),
+    ("names", "Marcus Rao will get back to you; you may reply here in the meantime.", True),
+    ("amounts", "Employees may spend up to 4830.00 USD on INV-1234.", True),  # a permission, not a doubt
+    ("amounts", "On your question about 4830.00 USD: INV-1234 is corrected to 4830.00 USD.", True),  # a topic
+    ("amounts", "INV-1234 is corrected to about 4830.00 USD.", False),
+    ("amounts", "INV-1234 is at about 4830.00 USD now.", False),
+    ("when", "The Hiring debrief may be moved to Thursday 2026-03-05 at 15:00 UTC.", False),
 ])
 def test_a_message_denying_or_doubting_what_it_states_fails(kind, text, ok):
     """embedded-31: a clause that names every value the item asks for (its amounts, else its date and time, else what
@@ -4754,6 +4760,24 @@ def ctl_reason_given_first(spec, turns, ref):
             yield f"opens: {lead.strip()}", prog
 
 
+def ctl_may_and_about_that_doubt_nothing(spec, turns, ref):
+    """CONTROL: a "may" of permission and an "about" of topic beside the fact: an answer giving a limit as "you may
+    spend up to <it>", and every message and answer with an amount opening "On your question about <it>: ...".
+    Must still pass."""
+    money = re.compile(r"\b\d+\.\d{2} [A-Z]{3}\b")
+    for ti, text in _answers(spec):
+        m = re.search(r"the hotel limit in (.+?) is (\d+\.\d{2} [A-Z]{3}) per night", text)
+        if m:
+            yield "you may spend up to", _answered(spec, turns, ti, f"You may spend up to {m.group(2)} per night in {m.group(1)} under the current policy.")
+
+    def about(t):
+        v = money.search(t)
+        return f"On your question about {v.group(0)}: {t}" if v else t
+    prog = _retyped(spec, turns, about)
+    if prog:
+        yield "opens: on your question about <amount>", prog
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4873,7 +4897,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "figure_for_another_period": op_figure_for_another_period, "period_said_otherwise (control)": ctl_period_said_otherwise,
              "relative_day_contradicts_the_date": op_relative_day_contradicts_the_date,
              "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
-             "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first}
+             "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 
