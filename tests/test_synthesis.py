@@ -3247,11 +3247,13 @@ def ctl_day_month_year(spec, turns, ref):
         yield "dates as '5 March 2026'", prog
 
 
-def _retyped(spec, turns, retype, answers=True):
-    """The reference with every message text (and every answer) passed through ``retype``; None if none changed."""
+def _retyped(spec, turns, retype, answers=True, subject=None):
+    """The reference with every message text (and every answer) passed through ``retype``, subjects through
+    ``subject`` when given (``False``: subjects left as they are); None if none changed."""
     m, changed = copy.deepcopy(turns), False
     for ti, si, k, text in _outgoing_texts(turns):
-        new = retype(text)
+        fn = retype if k != "subject" or subject is None else subject or (lambda t: t)
+        new = fn(text)
         if new != text:
             m[ti][si][1][k], changed = new, True
     replies = [spec.reference[i].reply for i in range(len(turns))]
@@ -4525,15 +4527,9 @@ def ctl_negations_beside_the_fact(spec, turns, ref):
         value = re.search(r"\b(?:[01][0-9]|2[0-3]):[0-5][0-9] UTC\b|\b\d+\.\d{2} [A-Z]{3}\b", text)
         more = f" Does {value.group(0)} not suit you? Then let me know; if {value.group(0)} doesn't work, we find another way." if value else ""
         return f"{text}\n\nPlease don't hesitate to reach out if anything is unclear. Let me know if this does not work for you.{more}"
-    m = copy.deepcopy(turns)
-    sites = [s for s in _outgoing_texts(turns) if s[2] != "subject"]
-    for ti, si, k, text in sites:
-        m[ti][si][1][k] = added(text)
-    replies = [spec.reference[i].reply for i in range(len(turns))]
-    for ti, text in _answers(spec):
-        replies[ti] = added(text)
-    if sites or _answers(spec):
-        yield f"{len(sites)} messages and {len(_answers(spec))} answers + negated asides", _program(spec, m, replies)
+    prog = _retyped(spec, turns, added, subject=False)
+    if prog:
+        yield "messages and answers + negated asides", prog
 
 
 def ctl_unpaid_said_with_a_not(spec, turns, ref):
@@ -4591,15 +4587,9 @@ def ctl_doubts_beside_the_fact(spec, turns, ref):
     Must still pass."""
     def added(text):
         return f"{text}\n\nYou may reply to this message with any questions; maybe we can catch up next week. I think that covers it, probably."
-    m = copy.deepcopy(turns)
-    sites = [s for s in _outgoing_texts(turns) if s[2] != "subject"]
-    for ti, si, k, text in sites:
-        m[ti][si][1][k] = added(text)
-    replies = [spec.reference[i].reply for i in range(len(turns))]
-    for ti, text in _answers(spec):
-        replies[ti] = added(text)
-    if sites or _answers(spec):
-        yield f"{len(sites)} messages and {len(_answers(spec))} answers + asides with doubts", _program(spec, m, replies)
+    prog = _retyped(spec, turns, added, subject=False)
+    if prog:
+        yield "messages and answers + asides with doubts", prog
 
 
 _SALUTED = re.compile(r"^(Hi|Hello|Dear|Thanks|Thank you) [A-Z][a-z]+")
@@ -4621,17 +4611,9 @@ def op_placeholder_left_in(spec, turns, ref):
 def op_reasoning_left_in(spec, turns, ref):
     """Every message and answer opening with the model's own reasoning in its tags ("<think>I should confirm the
     amount and keep it short.</think> Hi Clara, ...")."""
-    def leak(t):
-        return "<think>I should confirm it and keep it short.</think> " + t
-    m = copy.deepcopy(turns)
-    sites = [x for x in _outgoing_texts(turns) if x[2] != "subject"]
-    for ti, si, k, text in sites:
-        m[ti][si][1][k] = leak(text)
-    replies = [spec.reference[i].reply for i in range(len(turns))]
-    for ti, text in _answers(spec):
-        replies[ti] = leak(text)
-    if sites or _answers(spec):
-        yield f"{len(sites)} messages and {len(_answers(spec))} answers open with <think>...</think>", _program(spec, m, replies)
+    prog = _retyped(spec, turns, lambda t: "<think>I should confirm it and keep it short.</think> " + t, subject=False)
+    if prog:
+        yield "messages and answers open with <think>...</think>", prog
 
 
 def ctl_brackets_in_prose(spec, turns, ref):
@@ -4639,15 +4621,9 @@ def ctl_brackets_in_prose(spec, turns, ref):
     message and answer ending "[Sent from the workspace] Questions? Write to <alex.morgan@...>." (the user's own
     address). Must still pass."""
     me = _profile_email(spec)
-    m = copy.deepcopy(turns)
-    sites = list(_outgoing_texts(turns))
-    for ti, si, k, text in sites:
-        m[ti][si][1][k] = f"[Action needed] {text}" if k == "subject" else f"{text}\n\n[Sent from the workspace] Questions? Write to <{me}>."
-    replies = [spec.reference[i].reply for i in range(len(turns))]
-    for ti, text in _answers(spec):
-        replies[ti] = f"{text}\n\n[Sent from the workspace] Questions? Write to <{me}>."
-    if sites or _answers(spec):
-        yield f"{len(sites)} texts and {len(_answers(spec))} answers with brackets", _program(spec, m, replies)
+    prog = _retyped(spec, turns, lambda t: f"{t}\n\n[Sent from the workspace] Questions? Write to <{me}>.", subject=lambda t: f"[Action needed] {t}")
+    if prog:
+        yield "texts and answers with brackets", prog
 
 
 _PERIOD_SWAPS = ((r"\bper night\b", "per week"), (r"\beach full hour\b", "each full day"), (r"\bper hour\b", "per day"),
