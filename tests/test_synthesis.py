@@ -4499,23 +4499,33 @@ def _sentences_denied(text):
         start = end
 
 
-def op_message_denies_the_fact(spec, turns, ref):
-    """A message whose sentence denies what it states, each sentence in turn: "the Design critique on Wednesday
-    2026-03-04 is not cancelled", "the corrected amount isn't 15200.00 USD", "the Hiring debrief is no longer moved
-    to 15:00 UTC". Everything it must name is still there."""
+def _messages_rewritten(spec, turns, rewrites):
+    """(description, program) for each message of the reference and each (how, text) ``rewrites`` gives for it."""
     for ti, si, k, text in _outgoing_texts(turns):
-        for how, new in _sentences_denied(text):
+        for how, new in rewrites(text):
             m = copy.deepcopy(turns)
             m[ti][si][1][k] = new
             yield f"{turns[ti][si][0]}.{k} ({how}): {new[:110]!r}", _program(spec, m)
 
 
+def _answers_rewritten(spec, turns, rewrites):
+    """(description, program) for each answer of the reference and each (how, text) ``rewrites`` gives for it."""
+    for ti, text in _answers(spec):
+        for how, new in rewrites(text):
+            yield f"turn {ti} ({how}): {new[:110]!r}", _answered(spec, turns, ti, new)
+
+
+def op_message_denies_the_fact(spec, turns, ref):
+    """A message whose sentence denies what it states, each sentence in turn: "the Design critique on Wednesday
+    2026-03-04 is not cancelled", "the corrected amount isn't 15200.00 USD", "the Hiring debrief is no longer moved
+    to 15:00 UTC". Everything it must name is still there."""
+    yield from _messages_rewritten(spec, turns, _sentences_denied)
+
+
 def op_answer_denies_the_fact(spec, turns, ref):
     """An answer whose sentence denies what it states ("Your next 1:1 with Clara Costa is not on Wednesday 2026-03-04
     at 14:00 UTC", "the hotel limit in Berlin isn't 180.00 EUR per night"), each sentence in turn."""
-    for ti, text in _answers(spec):
-        for how, new in _sentences_denied(text):
-            yield f"turn {ti} ({how}): {new[:110]!r}", _answered(spec, turns, ti, new)
+    yield from _answers_rewritten(spec, turns, _sentences_denied)
 
 
 def ctl_negations_beside_the_fact(spec, turns, ref):
@@ -4566,19 +4576,13 @@ def op_message_doubts_the_fact(spec, turns, ref):
     """A message whose sentence doubts what it states, each sentence in turn: "the Design critique on Wednesday
     2026-03-04 might be cancelled", "the corrected amount is probably 15200.00 USD", "moved to 15:00 UTC" as "around
     15:00 UTC". Everything it must name is still there."""
-    for ti, si, k, text in _outgoing_texts(turns):
-        for how, new in _sentences_doubted(text):
-            m = copy.deepcopy(turns)
-            m[ti][si][1][k] = new
-            yield f"{turns[ti][si][0]}.{k} ({how}): {new[:110]!r}", _program(spec, m)
+    yield from _messages_rewritten(spec, turns, _sentences_doubted)
 
 
 def op_answer_doubts_the_fact(spec, turns, ref):
     """An answer whose sentence doubts what it states ("Your next 1:1 with Clara Costa might be on Wednesday 2026-03-04
     at 14:00 UTC", "the hotel limit in Berlin is probably 180.00 EUR per night"), each sentence in turn."""
-    for ti, text in _answers(spec):
-        for how, new in _sentences_doubted(text):
-            yield f"turn {ti} ({how}): {new[:110]!r}", _answered(spec, turns, ti, new)
+    yield from _answers_rewritten(spec, turns, _sentences_doubted)
 
 
 def ctl_doubts_beside_the_fact(spec, turns, ref):
