@@ -761,6 +761,23 @@ def test_a_message_reporting_the_work_as_not_done_fails(text, ok):
     assert _run_check(rec, _sent_evidence("Invoice INV-1234", text)) is ok
 
 
+@pytest.mark.parametrize("quote", ["> ", ""])
+def test_what_a_reply_quotes_is_not_the_sender_s_to_answer_for(quote):
+    """embedded-31: the original a reply quotes, marked with "> " or below Outlook's "-----Original Message-----", is
+    not read for the sender's misstatements (the customer's "we couldn't open it", their "13:00 or 14:00?"), nor for a
+    second time, a denial or a signature; the sender's own words still are."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD",
+                                          "when": {"date": "2026-03-05"}, "when_allowed": ["2026-03-05"]}))
+    head = "-----Original Message-----\nFrom: clara@acme.example\n\n" if not quote else "On 2026-03-02, clara@acme.example wrote:\n"
+    original = "\n".join(quote + line for line in ["We couldn't open INV-1234. Is it 4830.00 or 5313.00 USD?",
+                                                     "Could we talk on 2026-03-06 at 13:00 or 14:00? It is not urgent.", "Best, Clara"])
+    ev = _sent_evidence("Re: INV-1234", f"Hi Clara, INV-1234 is corrected to 4830.00 USD, due 2026-03-05.\n\n{head}{original}")
+    ev["final"]["crm.contacts"] = {"c1": {"id": "c1", "name": "Clara Costa", "email": "clara@acme.example"}}
+    assert _run_check(mail, ev)
+    ev = _sent_evidence("Re: INV-1234", f"Hi Clara, INV-1234 is not corrected to 4830.00 USD, due 2026-03-05.\n\n{head}{original}")
+    assert not _run_check(mail, ev)  # the sender's own words are read
+
+
 @pytest.mark.parametrize("text, ok", [
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, Alex", True),
     ("[Action needed] Hi Clara, INV-1234 is corrected to 4830.00 USD (see [the shared folder]).", True),
@@ -4758,6 +4775,24 @@ def ctl_may_and_about_that_doubt_nothing(spec, turns, ref):
         yield "opens: on your question about <amount>", prog
 
 
+def ctl_reply_quotes_the_original_below_a_separator(spec, turns, ref):
+    """CONTROL: every email reply quotes the message it answers below a separator, as Outlook does ("-----Original
+    Message-----", its From and Subject lines, then its body unmarked). Must still pass."""
+    m, n = copy.deepcopy(turns), 0
+    for ti, si in _write_sites(turns):
+        tool, args, _r = turns[ti][si]
+        orig = spec.world.get("mail.messages", {}).get(args.get("message_id")) if tool == "mail_reply" else None
+        if tool == "mail_reply" and orig is None:  # a message delivered during the episode: read it from the reference's look-ups
+            orig = next((r for steps in turns for t, _a, r in steps if t == "mail_read" and isinstance(r, dict)
+                         and r.get("id") == args.get("message_id")), None)
+        if orig is not None:
+            m[ti][si][1]["body"] = (f"{args['body']}\n\n-----Original Message-----\nFrom: {orig['from']}\n"
+                                    f"Subject: {orig.get('subject', '')}\n\n{orig['body']}")
+            n += 1
+    if n:
+        yield f"{n} replies quote the original below a separator", _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -4877,7 +4912,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "figure_for_another_period": op_figure_for_another_period, "period_said_otherwise (control)": ctl_period_said_otherwise,
              "relative_day_contradicts_the_date": op_relative_day_contradicts_the_date,
              "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
-             "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing}
+             "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
+             "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

@@ -464,17 +464,28 @@ def _signs_as(text, ev):
                 return True
     return False
 
+def _unquoted(body):
+    # a body without the message it forwards or quotes below a separator ("---------- Forwarded message",
+    # "-----Original Message-----", as mail clients write them)
+    body = str(body)
+    low = body.lower()
+    for cut in ("---------- forwarded message", "-----original message-----", "----- original message -----"):
+        at = low.find(cut)
+        if at >= 0:
+            body, low = body[:at], low[:at]
+    return body
+
 def _own_words(m):
     # what the sender wrote: not a reply's or a forward's inherited subject ("Re: Design review moved to 11:00 UTC"),
     # nor the lines it quotes ("On 2026-03-02, ana@... wrote:", "> could we do 14:00?") or the message it forwards
     subject = "" if _low(m["subject"]).startswith(("re:", "fw:", "fwd:")) else m["subject"]
     own = ""
-    for line in str(m["body"]).split("---------- Forwarded message", 1)[0].split(chr(10)):
+    for line in _unquoted(m["body"]).split(chr(10)):
         own = own if line.lstrip().startswith(">") or line.rstrip().endswith("wrote:") else own + " " + line
     return subject + own
 
 def _asks(body):
-    own = str(body).split("---------- Forwarded message", 1)[0]  # the sender's own words, not the message forwarded
+    own = _unquoted(body)  # the sender's own words, not the message forwarded or quoted
     if "?" in own:
         return True
     return _mentions(own, ["please advise", "let me know", "please confirm", "may we", "can we", "could we", "should we", "whether we", "what we may", "what we can"])
@@ -1082,12 +1093,12 @@ def _when_test(text: str, p: dict[str, Any]) -> str:
 
 def _message_tests(text: str, p: dict[str, Any], own: str = "") -> str:
     """The loop-body guards every message check runs on its text: what it says, what it must not name, no
-    misstatement, its amounts and its date and time (and, with ``when_allowed``, no second date or time for the same
-    thing in the sender's ``own`` words, the text by default: "moved to 11:00 UTC ... see you at 13:00 UTC"; see
-    field_equals)."""
+    misstatement (in the sender's ``own`` words, the text by default: not what a reply quotes), its amounts and its
+    date and time (and, with ``when_allowed``, no second date or time for the same thing in the sender's own words:
+    "moved to 11:00 UTC ... see you at 13:00 UTC"; see field_equals)."""
     allowed = f"    if _stray_when({own or text}, {'|'.join(p['when_allowed'])!r}):\n        continue" if p.get("when_allowed") else ""
     # (the denial and doubt guard last: it reads clauses, and a message that fails a cheaper guard needs no reading)
-    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(text, p), _amounts_test(text, p), _when_test(text, p), allowed,
+    return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(own or text, p), _amounts_test(text, p), _when_test(text, p), allowed,
                       _undercuts_test(own or text, p)])
 
 
@@ -1134,7 +1145,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
     for k, allowed in sorted((p.get("when_allowed") or {}).items()):  # nor gives its record another date or time (see field_equals)
         unless += f" and not _stray_when(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
-        unless += " and not _misstates(str(r.get('subject')) + ' ' + str(r.get('body'))) and not _signs_as(_own_words(r), ev)"
+        unless += " and not _misstates(_own_words(r)) and not _signs_as(_own_words(r), ev)"
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
     # a record is skipped at its first mismatching field (the checker scans every new record)
