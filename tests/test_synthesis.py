@@ -3713,12 +3713,9 @@ def op_reports_failure(spec, turns, ref):
 def ctl_nothing_else_found(spec, turns, ref):
     """CONTROL: every message adds that nothing else was found ("I could not find anything else that needs doing"):
     an absence, not the work reported as failed. Must still pass."""
-    m = copy.deepcopy(turns)
-    sites = [s for s in _outgoing_texts(turns) if s[2] != "subject"]
-    for ti, si, k, text in sites:
-        m[ti][si][1][k] = f"{text}\n\nI could not find anything else that needs doing."
-    if sites:
-        yield f"{len(sites)} messages + nothing else found", _program(spec, m)
+    prog = _retyped(spec, turns, lambda t: f"{t}\n\nI could not find anything else that needs doing.", answers=False, subject=False)
+    if prog:
+        yield "messages + nothing else found", prog
 
 
 _ANSWER_LINE = re.compile(r"- (\S+): (\d+\.\d{2}) USD, due (\S+)")
