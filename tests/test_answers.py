@@ -206,7 +206,8 @@ def test_planted_lax_answer_checkers_are_caught(validator, certified, template, 
     cert = validator.certify(_planted(_with_code(spec, "overdue_listed", code)))
     assert cert.reference_pass and not cert.certified
     survived = {d.detail["operator"] for d in cert.diagnostics if d.code == "mutation_survived"}
-    assert survived and survived <= operators | {"wrong_mention"}, cert.diagnostics
+    # (neither reads a template's placeholder left in the answer: certify-20's careless_message shows that too)
+    assert survived and survived <= operators | {"wrong_mention", "careless_message"}, cert.diagnostics
     if template is UNPAIRED:
         assert any("swapped" in d.message for d in cert.diagnostics), cert.diagnostics
 

@@ -826,16 +826,21 @@ def test_a_relative_day_beside_a_date_must_be_that_date(text, ok):
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, the Finance team", True),  # no person's name
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, Grace", False),  # a colleague's
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nKind regards,\nGrace Kim", False),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest regards,\nGrace", False),  # (not signed by "regards")
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest wishes,\nTomás", False),  # (an accented name)
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest regards,\nAlex", True),
 ])
 def test_a_message_signed_with_a_colleague_s_name_fails(text, ok):
     """embedded-31: an email (checked as a message or as a record) or a comment that closes with another person's
-    name than the user's speaks for someone else."""
+    name than the user's speaks for someone else (embedded-32: after "best regards" too, and in any letters: the
+    careless_message mutant found "Best,\nTomás" passing)."""
     mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD"}))
     rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent"}}))
     ev = _sent_evidence("Invoice INV-1234", text)
     ev["profile"] = {"email": "alex.morgan@northwind.example", "name": "Alex Morgan"}
     ev["final"]["directory.people"] = {p["id"]: p for p in [{"id": "p1", "name": "Alex Morgan", "email": "alex.morgan@northwind.example"},
-                                                             {"id": "p2", "name": "Grace Kim", "email": "grace.kim@northwind.example"}]}
+                                                             {"id": "p2", "name": "Grace Kim", "email": "grace.kim@northwind.example"},
+                                                             {"id": "p3", "name": "Tomás Ruiz", "email": "tomas.ruiz@northwind.example"}]}
     assert _run_check(mail, ev) is ok, text
     assert _run_check(rec, ev) is ok, text
 
@@ -1229,7 +1234,8 @@ def test_planted_checker_that_only_sees_a_message_went_out_is_caught_by_an_empty
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     # (a notice that states the meeting's date also shows it when that date is hedged: "2026-03-04 or 2026-03-05")
     ops = {d.detail["operator"] for d in cert.diagnostics}
-    assert "empty_message" in ops and ops <= {"empty_message", "misstated_value"}, ops
+    # (and so does one with a template's placeholder left in, a colleague's name under it or a wrong "tomorrow")
+    assert "empty_message" in ops and ops <= {"empty_message", "misstated_value", "careless_message"}, ops
     assert any("'OK.'" in d.message for d in cert.diagnostics)
 
 
@@ -1414,6 +1420,56 @@ def test_planted_checkers_blind_to_a_denial_or_a_doubt_are_caught(validator, out
     assert undercut and all(m["killed"] for m in undercut), undercut
 
 
+@pytest.mark.parametrize("kind, helper", [("placeholder", "_unfinished"), ("calls", "_relative_clash"), ("signed by a colleague", "_signs_as")])
+def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outcomes, kind, helper):
+    """certify-20: checkers that read every value of a message or an answer but not a template's placeholder left
+    in ("Hi [Name],"), a relative day that is not its date ("tomorrow (Thursday 2026-03-05)") or a colleague's
+    name under it (each guard of the embedded checks made to find nothing) let the careless_message mutant of that
+    kind through; the embedded checks kill it."""
+    found = [(o.final.draft.spec, m) for cid in sorted(outcomes) for o in outcomes[cid] if o.accepted
+             for m in o.final.certification.mutants if m["operator"] == "careless_message" and kind in m["description"]]
+    assert found, kind
+    spec, mutant = found[0]
+    assert mutant["killed"], mutant
+    blind = spec
+    for item in spec.rubric:
+        code = re.sub(r"(\ndef %s\([^)]*\):\n)" % helper, r"\1    return False\n", item.code)
+        if code != item.code:
+            blind = with_item_code(blind, item.id, code)
+    assert blind is not spec
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "careless_message" and kind in d.message for d in cert.diagnostics), cert.diagnostics
+
+
+@pytest.mark.parametrize("kind, text, want", [
+    ("placeholder", "Hi Clara, INV-1234 is corrected to 4830.00 USD.", "Hi [Name], INV-1234 is corrected to 4830.00 USD."),
+    ("placeholder", "INV-1234 is corrected to 4830.00 USD.", "Hi [Name], INV-1234 is corrected to 4830.00 USD."),
+    ("relative_day", "The debrief is moved to Thursday 2026-03-05 at 15:00 UTC.", "The debrief is moved to tomorrow (Thursday 2026-03-05) at 15:00 UTC."),
+    ("relative_day", "The debrief is now at 15:00 UTC on 2026-03-03.", "The debrief is now at 15:00 UTC today (2026-03-03)."),
+    ("relative_day", "Due March 9, 2026.", "Due tomorrow (March 9, 2026)."),
+    ("relative_day", "INV-1234 is corrected to 4830.00 USD.", None),  # no date
+    ("signature", "INV-1234 is corrected. Best, Alex", "INV-1234 is corrected. Best, Grace"),
+    ("signature", "INV-1234 is corrected. Thanks, Alex", "INV-1234 is corrected. Thanks, Alex\n\nBest,\nGrace"),
+    ("signature", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nAlex Morgan", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nTomás"),
+])
+def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, want):
+    """certify-20: the careless_message operator's three kinds, on an email from Alex (colleagues Grace and Tomás):
+    the relative day is wrong for the workspace's day (2026-03-02: "tomorrow" unless the date is 2026-03-03), the
+    colleague's name is one the message does not already give, and a kind that does not fit gives nothing."""
+    from types import SimpleNamespace
+
+    from cowork_pipeline.validation.mutations import _careless
+
+    people = {f"p{i}": {"id": f"p{i}", "name": n, "email": e} for i, (n, e) in enumerate(
+        [("Alex Morgan", "alex@acme.example"), ("Grace Kim", "grace@acme.example"), ("Tomás Ruiz", "tomas@acme.example")])}
+    env = SimpleNamespace(world={"_meta": {"profile": {"email": "alex@acme.example", "name": "Alex Morgan"}}, "directory.people": people})
+    got = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=0)
+    assert (got[0]["body"] if got else None) == want
+    assert got is None or got[0]["to"] == ["ap@x.example"]
+    assert _careless(env, Step(tool="chat_post_message", args={"text": text}), "signature") is None  # (not signed)
+
+
 def test_planted_reschedule_checker_blind_to_the_description_is_caught_by_a_stale_note(validator, outcomes):
     """certify-17: a checker that holds the moved meeting to its new start and end, and never reads its description,
     lets a note through that still gives the time before the move ("Design review: 2026-03-05 at 10:00 UTC." on a
@@ -1495,7 +1551,8 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     code = NUMBER_ONLY_CONFIRMATION.format(msg=f["message_id"], number=number, digits=number.split("-")[1], amount=f["new_amount"])
     cert = validator.certify(planted(with_item_code(spec, "confirmation_sent", code)))
     assert cert.reference_pass and cert.equivalent_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["misstated_value"] * 5
+    # (and the careless one, certify-20: "Hi [Name]," or a colleague's name under it; this capability's reply has no date)
+    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["careless_message"] + ["misstated_value"] * 5
     assert {d.message.split("(", 1)[1].split(":")[0] for d in cert.diagnostics} == {"mail_reply in turn 0"}
     assert any("in EUR" in d.message for d in cert.diagnostics) and any("hedges" in d.message for d in cert.diagnostics)
     assert any("reports the work as not done" in d.message for d in cert.diagnostics)
@@ -1602,8 +1659,8 @@ def test_planted_overstrict_checker_is_caught(validator, outcomes, cid, item, co
     cert = validator.certify(planted(with_item_code(spec, item, code.format(**fill))))
     assert cert.reference_pass and not cert.certified and not cert.equivalent_pass
     # the verbatim-amount confirmation checker is also blind to a look-alike invoice named in the reply, and to
-    # the amount in another currency or hedged between two figures
-    blind = [d for d in cert.diagnostics if d.code == "mutation_survived" and d.detail.get("operator") in ("wrong_mention", "misstated_value")]
+    # the amount in another currency or hedged between two figures, and to a careless reply (certify-20)
+    blind = [d for d in cert.diagnostics if d.code == "mutation_survived" and d.detail.get("operator") in ("wrong_mention", "misstated_value", "careless_message")]
     [d] = [d for d in cert.diagnostics if d not in blind]
     assert d.code == "overstrict_checker" and d.item == item and "another way" in d.message, cert.diagnostics
 
@@ -4711,17 +4768,23 @@ def ctl_relative_day_beside_its_date(spec, turns, ref):
 
 
 def op_signed_as_a_colleague(spec, turns, ref):
-    """An email or a comment signed with a colleague's first name instead of the user's ("... Best, Grace" from
-    Ravi's account): it speaks for someone else."""
+    """An email or a comment signed with a colleague's first name instead of the user's ("Best, Grace" from Ravi's
+    account, and under a two-word closing, "Best regards" and an accented name where the world has one): it speaks
+    for someone else."""
     me = _profile_email(spec)
     people = spec.world.get("directory.people", {}).values()
     mine = [r["name"].split()[0] for r in people if r.get("email") == me]
     others = sorted({r["name"].split()[0] for r in people if r.get("email") != me} - set(mine))
+    # (and under a two-word closing, by the colleague whose name is least like ASCII: "Best regards,\nTomás")
+    accented = sorted(others, key=lambda n: (n.isascii(), n))[:1]
     for ti, si, k, text in _outgoing_texts(turns):
         if mine and others and re.search(r"(Best|Regards|Cheers),? %s$" % re.escape(mine[0]), text.rstrip()):
-            m = copy.deepcopy(turns)
-            m[ti][si][1][k] = re.sub(r"%s$" % re.escape(mine[0]), others[0], text.rstrip())
-            yield f"{turns[ti][si][0]}.{k}: ...{m[ti][si][1][k][-30:]!r}", _program(spec, m)
+            for closing in [None] + accented:
+                m = copy.deepcopy(turns)
+                signed = re.sub(r"%s$" % re.escape(mine[0]), others[0], text.rstrip()) if closing is None else \
+                    re.sub(r"(Best|Regards|Cheers),? %s$" % re.escape(mine[0]), "Best regards,\n" + closing, text.rstrip())
+                m[ti][si][1][k] = signed
+                yield f"{turns[ti][si][0]}.{k}: ...{signed[-30:]!r}", _program(spec, m)
 
 
 def ctl_signed_in_full_or_thanking_the_reader(spec, turns, ref):

@@ -452,10 +452,11 @@ def _signs_as(text, ev):
     # signed with a colleague's name, not the user's ("... Best, Grace" in an email Ravi sends): the message speaks for
     # someone else ("thanks, clara" at its end may thank the reader, and a team's name is no person's)
     t = " ".join(_low(text).replace(",", " ").split())
-    if not ("best" in t or "regards" in t or "cheers" in t or "sincerely" in t):
+    if not ("best" in t or "regards" in t or "cheers" in t or "sincerely" in t or "wishes" in t):
         return False  # no closing (most chat posts and comments): no regex
     import re
-    m = re.search("(?<![a-z])(?:best|regards|cheers|sincerely|all the best)[!.]?[ ]+([a-z'-]+)(?:[ ]+[a-z'-]+)?[.!]?$", t)
+    # (the name in any letters, an accented one too; "best regards, grace" is signed by grace, not by "regards")
+    m = re.search("(?<![a-z])(?:best|regards|cheers|sincerely|wishes)[!.]?[ ]+(?!(?:regards|wishes)(?![a-z]))([^ !.]+)(?:[ ]+[^ !.]+)?[.!]?$", t)
     if m is None or m.group(1) == (_low(ev["profile"].get("name") or "").split() or [""])[0]:
         return False
     for c in ("directory.people", "crm.contacts"):

@@ -10,7 +10,8 @@ collateral_write overwrites a field the task leaves alone on a record it updates
 makes a message name a look-alike record in place of the one it is about; misstated_value states
 a message's amounts in another currency, hedges its amounts, times and dates between two values, gives
 the wrong weekday for a date, or misstates the amounts, figures or person of a note written on a record; empty_message sends
-a message that says nothing (a checker that only sees *that* a message went out lets it pass).
+a message that says nothing (a checker that only sees *that* a message went out lets it pass); careless_message
+leaves every value right and a template's placeholder in, a colleague's name under it, or a wrong "tomorrow".
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ ID_PARAMS = {
 }
 OPERATORS = ("null", "missing_step", "wrong_target", "wrong_record", "wrong_value", "collateral_write", "wrong_mention",
              "misstated_value", "empty_message", "extra_destructive_write", "safety_violation", "wrong_turn_order",
-             "partial_answer", "stale_answer")
+             "partial_answer", "stale_answer", "careless_message")
 
 
 @dataclass
@@ -374,6 +375,59 @@ def _misstatements(s: Step, doubt: bool = False) -> list[tuple[dict[str, Any], s
     return out
 
 
+# The careless message: a template's placeholder left in, a colleague's name under the email, a relative day that is
+# not the day beside it. Every value stays right; a checker that reads only the values lets them through.
+_GREETING = re.compile(r"^(Hi|Hello|Hey|Dear|Thanks|Thank you|Good morning|Good afternoon)( +)([A-Za-z][\w'-]*)")
+_SIGNED = ("mail_send", "mail_reply", "mail_forward", "helpdesk_add_comment")  # (what goes out under the user's name)
+_CLOSING = re.compile(r"(?i:best|regards|cheers|sincerely)[!.,]?\s+(([A-Z][\w'-]*)(?: [A-Z][\w'-]*)?)\W*$")  # (the closings a grader reads)
+CARELESS_KINDS = ("placeholder", "relative_day", "signature")
+
+
+def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[dict[str, Any], str] | None:
+    """The step's message (or answer) with one careless mistake of ``kind`` and every value as it was: "placeholder"
+    puts a template's "[Name]" where the greeting names its reader (or greets "[Name]" where it has no greeting);
+    "relative_day" calls its first date "tomorrow" (or "today" where that date is tomorrow: the workspace's day is
+    ``BASE_TIME``'s); "signature" signs an email or a comment with a colleague's first name instead of the user's.
+    None where the kind does not apply (no date; not a message that goes out under the user's name; no colleague)."""
+    param = MESSAGE_TEXT.get(s.tool)
+    text = s.args.get(param) if param else None
+    if not isinstance(text, str) or not text.strip():
+        return None
+    if kind == "placeholder":
+        g = _GREETING.match(text)
+        new = text[:g.start(3)] + "[Name]" + text[g.end(3):] if g else "Hi [Name], " + text
+        return {**s.args, param: new}, f"{param} leaves a template's placeholder in ('{'Hi [Name]' if not g else g.group(1) + ' [Name]'}')"
+    if kind == "relative_day":
+        d = _ISO_DATE.search(text) or _WORDS_DATE.search(text)
+        if d is None:
+            return None
+        try:
+            day = datetime.fromisoformat(d.group(1)).date() if d.re is _ISO_DATE else datetime.strptime(d.group(0), "%B %d, %Y").date()
+        except ValueError:  # not a calendar date after all
+            return None
+        word = "today" if (day - BASE_TIME.date()).days == 1 else "tomorrow"
+        at, end = d.start(), d.end()
+        w = re.search(r"\b(?:%s),? (?:the )?$" % "|".join(_WEEKDAYS), text[max(0, at - 16):at])
+        if w is not None:  # the weekday that goes with the date inside: "tomorrow (Thursday 2026-03-05)"
+            at -= len(text[max(0, at - 16):at]) - w.start()
+        head = text[:at - 3] if text[:at].endswith(" on ") else text[:at]  # (not "on tomorrow")
+        return ({**s.args, param: head + word + " (" + text[at:end] + ")" + text[end:]},
+                f"{param} calls {d.group(0)} {word} (the workspace's day is {BASE_TIME.date().isoformat()})")
+    if kind == "signature" and s.tool in _SIGNED:
+        me = env.world.get("_meta", {}).get("profile", {})
+        mine = (str(me.get("name") or "").split() or [""])[0]
+        people = sorted({str(r["name"]).split()[0] for r in env.world.get("directory.people", {}).values()
+                         if isinstance(r, dict) and isinstance(r.get("name"), str) and r["name"].split() and r.get("email") != me.get("email")} - {mine})
+        if not people:
+            return None
+        people = [p for p in people if p not in text] or people  # (a name the message does not already give)
+        other = people[seed % len(people)]
+        c = _CLOSING.search(text)
+        new = text[:c.start(1)] + other + text[c.end(1):] if c is not None and c.group(2) == mine else text.rstrip() + "\n\nBest,\n" + other
+        return {**s.args, param: new}, f"{param} is signed by a colleague ('{other}', not {mine or 'the user'})"
+    return None
+
+
 def _second_when(s: Step, known: str) -> tuple[dict[str, Any], str] | None:
     """The step's message (or answer) about a meeting, right in every value, with a second time for it after them:
     its first time of day two hours (or more) later ("... moved to 11:00 UTC. See you at 13:00 UTC."), else its first
@@ -664,6 +718,16 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
 
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["empty_message"]))
+
+    # one careless message per environment, its kind turning with the seed (where a kind fits no message, the next)
+    sites = [(ti, si, s) for ti, si, s in effectful if s.tool in MESSAGE_TEXT]
+    sites += [(ti, -1, Step(tool=ANSWER, args={"text": env.reference[ti].reply})) for ti in _asked(env, base)]
+    careless = next(((ti, si, s, e) for k in range(len(CARELESS_KINDS)) for ti, si, s in sites
+                     for e in [_careless(env, s, CARELESS_KINDS[(seed + k) % len(CARELESS_KINDS)], seed)] if e is not None), None)
+    if careless is not None:
+        ti, si, s, (args, what) = careless
+        out.append(variant("careless_message", ti, si, s, args, what) if si >= 0 else
+                   Mutant("careless_message", f"answer in turn {ti}: {what}", _program(env, base, {ti: args["text"]}), "answer", ANSWER, meta={"turn": ti}))
 
     out.extend(_answer_mutants(env, base, index, seed))
 
