@@ -1442,6 +1442,39 @@ def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outc
     assert all(d.detail["operator"] == "careless_message" and kind in d.message for d in cert.diagnostics), cert.diagnostics
 
 
+@pytest.mark.parametrize("cid", ["travel_policy_question", "ticket_service_credit"])
+def test_planted_checkers_blind_to_another_period_are_caught(validator, outcomes, cid):
+    """certify-20: an answer's or a comment's checker that finds the figure but not what it is per (the embedded checks
+    without their excluded periods and bases) lets "180.00 EUR per week" for a nightly limit, or "for each full
+    day" for each full hour, through: the misstated-value mutant giving the figure for another period shows the gap."""
+    spec = certified_spec(outcomes, cid)
+    blind = spec
+    for item in spec.rubric:
+        code = re.sub(r"\n *if _mentions\(text, '[^']*per week[^']*'[.]split\('[|]'\)\):\n *continue", "", item.code)
+        code = code.replace("|per day|each day|each full day|per week|", "|")  # (a comment's excluded terms)
+        if code != item.code:
+            blind = with_item_code(blind, item.id, code)
+    assert blind is not spec
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "misstated_value" and "for another period" in d.message for d in cert.diagnostics), cert.diagnostics
+    [orig] = [o.final.certification for o in outcomes[cid] if o.accepted and o.final.draft.spec is spec]
+    assert [m["killed"] for m in orig.mutants if "for another period" in m["description"]] == [True]
+
+
+@pytest.mark.parametrize("text, want", [
+    ("The hotel limit in Berlin is 180.00 EUR per night, taxes included.", "The hotel limit in Berlin is 180.00 EUR per week, taxes included."),
+    ("You get 15% of the monthly fee for each full hour of downtime, up to 40% per month.",
+     "You get 15% of the monthly fee for each full day of downtime, up to 40% per month."),  # (the first only)
+    ("We meet once a week to go over it.", None),  # no figure before it
+])
+def test_a_figure_for_another_period_changes_only_its_period(text, want):
+    from cowork_pipeline.validation.mutations import _other_period
+
+    got = _other_period(text)
+    assert (got[0] if got else None) == want
+
+
 @pytest.mark.parametrize("kind, text, want", [
     ("placeholder", "Hi Clara, INV-1234 is corrected to 4830.00 USD.", "Hi [Name], INV-1234 is corrected to 4830.00 USD."),
     ("placeholder", "INV-1234 is corrected to 4830.00 USD.", "Hi [Name], INV-1234 is corrected to 4830.00 USD."),

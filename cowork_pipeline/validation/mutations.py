@@ -9,7 +9,7 @@ every effectful step of every turn, so no later step or turn goes unchecked (see
 collateral_write overwrites a field the task leaves alone on a record it updates; wrong_mention
 makes a message name a look-alike record in place of the one it is about; misstated_value states
 a message's amounts in another currency, hedges its amounts, times and dates between two values, gives
-the wrong weekday for a date, or misstates the amounts, figures or person of a note written on a record; empty_message sends
+the wrong weekday for a date or a figure for another period, or misstates the amounts, figures or person of a note written on a record; empty_message sends
 a message that says nothing (a checker that only sees *that* a message went out lets it pass); careless_message
 leaves every value right and a template's placeholder in, a colleague's name under it, or a wrong "tomorrow".
 """
@@ -324,6 +324,22 @@ _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
 _DATED_WEEKDAY = re.compile(r"\b(%s)(,? (?:the )?\d{4}-\d{2}-\d{2})\b" % "|".join(_WEEKDAYS))
 
 
+# A figure's period or base ("180.00 EUR per night", "15% ... for each full hour"): the first after a number, and the
+# one it becomes (a week's limit is seven nights')
+_PERIOD = re.compile(r"(?<![\w-])(per|a|each|every)( full)? (night|day|hour|week|month|year)\b")
+_OTHER_PERIOD = {"night": "week", "day": "week", "hour": "day", "week": "month", "month": "year", "year": "month"}
+
+
+def _other_period(text: str) -> tuple[str, str] | None:
+    """``text`` with the period of its first figure given per another one ("180.00 EUR per night" -> "180.00 EUR per
+    week"), and what changed; None where no period follows a number within a few words."""
+    for m in _PERIOD.finditer(text):
+        if re.search(r"\d", text[max(0, m.start() - 60):m.start()]):
+            said = f"{m.group(1)}{m.group(2) or ''} {_OTHER_PERIOD[m.group(3)]}"
+            return text[:m.start()] + said + text[m.end():], f"'{m.group(0)}' -> '{said}'"
+    return None
+
+
 def _misstatements(s: Step, doubt: bool = False) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
     currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET");
@@ -367,6 +383,9 @@ def _misstatements(s: Step, doubt: bool = False) -> list[tuple[dict[str, Any], s
     if _DATED_WEEKDAY.search(text):
         new = _DATED_WEEKDAY.sub(lambda m: _WEEKDAYS[(_WEEKDAYS.index(m.group(1)) + 1) % 7] + m.group(2), text)
         out.append(({**s.args, param: new}, f"{param} gives the wrong weekday for its date ('{_DATED_WEEKDAY.search(new).group(0)}')"))
+    period = _other_period(text)
+    if period is not None:  # the figure right, for another period or base: a week's limit for a night's
+        out.append(({**s.args, param: period[0]}, f"{param} gives a figure for another period ({period[1]})"))
     undercut = _undercut(text, doubt)
     if undercut is not None:  # every value, and a "not" that tells its reader the opposite (or a "probably": a guess)
         out.append(({**s.args, param: undercut[0]}, f"{param} {'doubts' if doubt else 'denies'} what it states ('{undercut[1]}')"))
@@ -820,7 +839,9 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
         e = _emptied(s)
         if e is not None:
             out.append(answered("empty_message", ti, e[0]["text"], e[1]))
-        out.extend(answered("misstated_value", ti, args["text"], what) for args, what in _misstatements(s)[:3])
+        kinds = _misstatements(s)
+        out.extend(answered("misstated_value", ti, args["text"], what) for args, what in kinds[:3])
+        out.extend(answered("misstated_value", ti, args["text"], what) for args, what in kinds[3:] if "for another period" in what)
         undercut = _undercut(said[ti], doubt=seed % 2 == 0)  # (not among the first three kinds; the messages' other one)
         if undercut is not None:
             out.append(answered("misstated_value", ti, undercut[0], f"{'doubts' if seed % 2 == 0 else 'denies'} what it states ('{undercut[1]}')"))
