@@ -829,6 +829,13 @@ def test_a_relative_day_beside_a_date_must_be_that_date(text, ok):
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest regards,\nGrace", False),  # (not signed by "regards")
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest wishes,\nTomás", False),  # (an accented name)
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest regards,\nAlex", True),
+    # embedded-32: a signature block under the name, a "--" or a "Thanks," closing that signs
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest regards,\nAlex Morgan\nBilling lead, Northwind\n+44 20 7946 0958", True),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nBest regards,\nGrace Kim\nAccount manager\n+44 20 7946 0958", False),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\n-- Grace", False),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD.\n\nThanks,\nGrace Kim", False),
+    ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Thanks, Grace!", True),  # (an exclamation thanks)
+    ("Thanks Grace, INV-1234 is corrected to 4830.00 USD, as the best option we had", True),  # (a sentence follows)
 ])
 def test_a_message_signed_with_a_colleague_s_name_fails(text, ok):
     """embedded-31: an email (checked as a message or as a record) or a comment that closes with another person's
@@ -1483,7 +1490,7 @@ def test_a_figure_for_another_period_changes_only_its_period(text, want):
     ("relative_day", "Due March 9, 2026.", "Due tomorrow (March 9, 2026)."),
     ("relative_day", "INV-1234 is corrected to 4830.00 USD.", None),  # no date
     ("signature", "INV-1234 is corrected. Best, Alex", "INV-1234 is corrected. Best, Grace"),
-    ("signature", "INV-1234 is corrected. Thanks, Alex", "INV-1234 is corrected. Thanks, Alex\n\nBest,\nGrace"),
+    ("signature", "INV-1234 is corrected. Thanks, Alex", "INV-1234 is corrected. Thanks, Alex\n\nBest regards,\nGrace"),
     ("signature", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nAlex Morgan", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nTomás"),
 ])
 def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, want):
@@ -1496,8 +1503,12 @@ def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, 
 
     people = {f"p{i}": {"id": f"p{i}", "name": n, "email": e} for i, (n, e) in enumerate(
         [("Alex Morgan", "alex@acme.example"), ("Grace Kim", "grace@acme.example"), ("Tomás Ruiz", "tomas@acme.example")])}
+    people["p2"].update(role="Engineer", team="Platform")
     env = SimpleNamespace(world={"_meta": {"profile": {"email": "alex@acme.example", "name": "Alex Morgan"}}, "directory.people": people})
     got = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=0)
+    if kind == "signature":  # every other time (seeds 3-5, 9-11, ...) as the colleague's signature block
+        block = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=3)
+        assert block[0]["body"].endswith("Tomás Ruiz\nEngineer\nPlatform") and "'Tomás Ruiz'" in block[1], block
     assert (got[0]["body"] if got else None) == want
     assert got is None or got[0]["to"] == ["ap@x.example"]
     assert _careless(env, Step(tool="chat_post_message", args={"text": text}), "signature") is None  # (not signed)
@@ -4886,6 +4897,66 @@ def ctl_reply_quotes_the_original_below_a_separator(spec, turns, ref):
         yield f"{n} replies quote the original below a separator", _program(spec, m)
 
 
+def _user_and_colleagues(spec):
+    """The user's directory record (a list of at most one) and every colleague whose first name is not the user's."""
+    me = _profile_email(spec)
+    people = list(spec.world.get("directory.people", {}).values())
+    mine = [r for r in people if r.get("email") == me]
+    first = mine[0]["name"].split()[0] if mine else ""
+    return mine, sorted((r for r in people if r.get("email") != me and r["name"].split()[0] != first), key=lambda r: r["name"])
+
+
+_SIGNED_TOOLS = ("mail_send", "mail_reply", "mail_forward", "helpdesk_add_comment")
+_SIGN_OFF = re.compile(r"\s*(Best|Regards|Cheers|Thanks),?\s+\S+$")
+
+
+def ctl_signature_block(spec, turns, ref):
+    """CONTROL: every email and comment closing with the user's signature block: "Best regards," over their full
+    name, their role and company, and a phone number and their address on one line. Must still pass."""
+    mine, _ = _user_and_colleagues(spec)
+    if not mine:
+        return
+    me = mine[0]
+    block = f"\n\nBest regards,\n{me['name']}\n{me.get('role') or 'Operations lead'}, Northwind Traders\n+44 20 7946 0958 | {me['email']}"
+    m, n = copy.deepcopy(turns), 0
+    for ti, si, k, text in _outgoing_texts(turns):
+        if k != "subject" and turns[ti][si][0] in _SIGNED_TOOLS:
+            m[ti][si][1][k], n = _SIGN_OFF.sub("", text.rstrip()) + block, n + 1
+    if n:
+        yield f"{n} texts with a signature block", _program(spec, m)
+
+
+def op_colleague_signature_block(spec, turns, ref):
+    """An email or a comment closing with a colleague's signature block ("Best regards," over their full name, their
+    role and a phone number) instead of the user's: it speaks for someone else."""
+    mine, others = _user_and_colleagues(spec)
+    if not mine or not others:
+        return
+    who = others[0]
+    block = f"\n\nBest regards,\n{who['name']}\n{who.get('role') or 'Account manager'}\n+44 20 7946 0958"
+    for ti, si, k, text in _outgoing_texts(turns):
+        if k != "subject" and turns[ti][si][0] in _SIGNED_TOOLS:
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = _SIGN_OFF.sub("", text.rstrip()) + block
+            yield f"{turns[ti][si][0]}.{k}", _program(spec, m)
+
+
+def op_signed_with_a_dash_or_thanks(spec, turns, ref):
+    """An email or a comment signed by a colleague on its last line, each way in turn: "-- Grace", and "Thanks," over
+    their full name (thanks to one of the message's readers reads as thanks: the deliberate survivors)."""
+    mine, others = _user_and_colleagues(spec)
+    if not mine or not others:
+        return
+    who = others[0]
+    for sign in (f"-- {who['name'].split()[0]}", f"Thanks,\n{who['name']}"):
+        for ti, si, k, text in _outgoing_texts(turns):
+            if k != "subject" and turns[ti][si][0] in _SIGNED_TOOLS:
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = _SIGN_OFF.sub("", text.rstrip()) + "\n\n" + sign
+                yield f"{turns[ti][si][0]}.{k} {sign!r}", _program(spec, m)
+                break
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -5005,6 +5076,8 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "figure_for_another_period": op_figure_for_another_period, "period_said_otherwise (control)": ctl_period_said_otherwise,
              "relative_day_contradicts_the_date": op_relative_day_contradicts_the_date,
              "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
+             "colleague_signature_block": op_colleague_signature_block, "signed_with_a_dash_or_thanks": op_signed_with_a_dash_or_thanks,
+             "signature_block (control)": ctl_signature_block,
              "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
              "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}

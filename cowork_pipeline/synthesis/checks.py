@@ -448,21 +448,27 @@ def _greets(text, others):
         return False  # no salutation (most texts)
     return name.strip("!.:;") in others.split("|")
 
-def _signs_as(text, ev):
-    # signed with a colleague's name, not the user's ("... Best, Grace" in an email Ravi sends): the message speaks for
-    # someone else ("thanks, clara" at its end may thank the reader, and a team's name is no person's)
+def _signs_as(text, ev, readers=[]):
+    # signed with someone else's name, not the user's ("... Best, Grace" in an email Ravi sends, "Best regards, Grace
+    # Kim" over her title and phone, "-- Grace"): the message speaks for someone else. "thanks, clara!" at its end
+    # thanks one of its ``readers`` (addresses), and a team's name is no person's
     t = " ".join(_low(text).replace(",", " ").split())
-    if not ("best" in t or "regards" in t or "cheers" in t or "sincerely" in t or "wishes" in t):
+    if not ("best" in t or "regards" in t or "cheers" in t or "sincerely" in t or "wishes" in t or "thank" in t or "--" in t):
         return False  # no closing (most chat posts and comments): no regex
     import re
+    mine = (_low(ev["profile"].get("name") or "").split() or [""])[0]
     # (the name in any letters, an accented one too; "best regards, grace" is signed by grace, not by "regards")
-    m = re.search("(?<![a-z])(?:best|regards|cheers|sincerely|wishes)[!.]?[ ]+(?!(?:regards|wishes)(?![a-z]))([^ !.]+)(?:[ ]+[^ !.]+)?[.!]?$", t)
-    if m is None or m.group(1) == (_low(ev["profile"].get("name") or "").split() or [""])[0]:
-        return False
-    for c in ("directory.people", "crm.contacts"):
-        for r in _coll(ev, c).values():
-            if _low(r.get("name") or "").split()[:1] == [m.group(1)]:
-                return True
+    for m in re.finditer("(?<![a-z])(?:(best|regards|cheers|sincerely|wishes|thanks|thank you)[!.]?[ ]+|(--)[ ]*)(?!(?:regards|wishes)(?![a-z]))([^ !.]+)(?:[ ]+[^ !.]+)?[.!]?", t):
+        tail = t[m.end():].strip()
+        # a signature's block may follow the name (a title, a company, a phone), not a sentence; a thanks that ends the
+        # text signs it, unless it exclaims ("thanks, grace!")
+        thanks = m.group(1) in ("thanks", "thank you")
+        if m.group(3) == mine or len(tail) > 120 or tail.endswith((".", "?", "!")) or ";" in tail or (thanks and (tail or m.group(0).endswith("!"))):
+            continue
+        for c in ("directory.people", "crm.contacts"):
+            for r in _coll(ev, c).values():
+                if _low(r.get("name") or "").split()[:1] == [m.group(3)] and not (thanks and r.get("email") in readers):
+                    return True
     return False
 
 def _unquoted(body):
@@ -1123,7 +1129,7 @@ for m in _sent(ev):
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
 {_message_tests('m["subject"] + " " + m["body"]', p, '_own_words(m)')}
-    if _signs_as(_own_words(m), ev):
+    if _signs_as(_own_words(m), ev, m["to"] + m["cc"]):
         continue
     return True
 return False"""
@@ -1146,7 +1152,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
     for k, allowed in sorted((p.get("when_allowed") or {}).items()):  # nor gives its record another date or time (see field_equals)
         unless += f" and not _stray_when(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
-        unless += " and not _misstates(_own_words(r)) and not _signs_as(_own_words(r), ev)"
+        unless += " and not _misstates(_own_words(r)) and not _signs_as(_own_words(r), ev, list(r.get('to') or []) + list(r.get('cc') or []))"
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
     # a record is skipped at its first mismatching field (the checker scans every new record)
@@ -1248,7 +1254,7 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
 if t is None:
     return False
 for c in t["comments"]:
-    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _misstates(c["body"]) and not _signs_as(c["body"], ev){unless}:
+    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _misstates(c["body"]) and not _signs_as(c["body"], ev, [t.get("requester")]){unless}:
         return True
 return False"""
 

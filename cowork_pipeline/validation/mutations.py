@@ -435,15 +435,18 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[
     if kind == "signature" and s.tool in _SIGNED:
         me = env.world.get("_meta", {}).get("profile", {})
         mine = (str(me.get("name") or "").split() or [""])[0]
-        people = sorted({str(r["name"]).split()[0] for r in env.world.get("directory.people", {}).values()
-                         if isinstance(r, dict) and isinstance(r.get("name"), str) and r["name"].split() and r.get("email") != me.get("email")} - {mine})
+        people = sorted((r for r in env.world.get("directory.people", {}).values() if isinstance(r, dict) and isinstance(r.get("name"), str)
+                         and r["name"].split() and r.get("email") != me.get("email") and r["name"].split()[0] != mine), key=lambda r: r["name"])
         if not people:
             return None
-        people = [p for p in people if p not in text] or people  # (a name the message does not already give)
+        people = [r for r in people if r["name"].split()[0] not in text] or people  # (a name the message does not already give)
         other = people[seed % len(people)]
+        # every other time with the colleague's signature block (full name, role), as a mail client appends it
+        sign = other["name"].split()[0] if seed // len(CARELESS_KINDS) % 2 == 0 else "\n".join(
+            [other["name"]] + [str(other[k]) for k in ("role", "team") if isinstance(other.get(k), str)])
         c = _CLOSING.search(text)
-        new = text[:c.start(1)] + other + text[c.end(1):] if c is not None and c.group(2) == mine else text.rstrip() + "\n\nBest,\n" + other
-        return {**s.args, param: new}, f"{param} is signed by a colleague ('{other}', not {mine or 'the user'})"
+        new = text[:c.start(1)] + sign + text[c.end(1):] if c is not None and c.group(2) == mine else text.rstrip() + "\n\nBest regards,\n" + sign
+        return {**s.args, param: new}, f"{param} is signed by a colleague ({sign.splitlines()[0]!r}, not {mine or 'the user'})"
     return None
 
 
