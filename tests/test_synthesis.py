@@ -1427,7 +1427,8 @@ def test_planted_checkers_blind_to_a_denial_or_a_doubt_are_caught(validator, out
     assert undercut and all(m["killed"] for m in undercut), undercut
 
 
-@pytest.mark.parametrize("kind, helper", [("placeholder", "_unfinished"), ("calls", "_relative_clash"), ("signed by a colleague", "_signs_as")])
+@pytest.mark.parametrize("kind, helper", [("placeholder", "_unfinished"), ("calls", "_relative_clash"), ("signed by a colleague", "_signs_as"),
+                                          ("notes leaves a template's placeholder", "_unfinished_in")])
 def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outcomes, kind, helper):
     """certify-20: checkers that read every value of a message or an answer but not a template's placeholder left
     in ("Hi [Name],"), a relative day that is not its date ("tomorrow (Thursday 2026-03-05)") or a colleague's
@@ -1490,6 +1491,7 @@ def test_a_figure_for_another_period_changes_only_its_period(text, want):
     ("relative_day", "Due March 9, 2026.", "Due tomorrow (March 9, 2026)."),
     ("relative_day", "INV-1234 is corrected to 4830.00 USD.", None),  # no date
     ("signature", "INV-1234 is corrected. Best, Alex", "INV-1234 is corrected. Best, Grace"),
+    ("record", "Checklist from Arjun's email.", "Checklist from Arjun's email.\n\nOwner: [Name]"),  # (a task's notes)
     ("signature", "INV-1234 is corrected. Thanks, Alex", "INV-1234 is corrected. Thanks, Alex\n\nBest regards,\nGrace"),
     ("signature", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nAlex Morgan", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nTomás"),
 ])
@@ -1505,6 +1507,11 @@ def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, 
         [("Alex Morgan", "alex@acme.example"), ("Grace Kim", "grace@acme.example"), ("Tomás Ruiz", "tomas@acme.example")])}
     people["p2"].update(role="Engineer", team="Platform")
     env = SimpleNamespace(world={"_meta": {"profile": {"email": "alex@acme.example", "name": "Alex Morgan"}}, "directory.people": people})
+    if kind == "record":  # a text written on a record: the placeholder, nothing else
+        notes = Step(tool="tasks_create", args={"title": "Checklist", "notes": text})
+        assert _careless(env, notes, "placeholder")[0] == {"title": "Checklist", "notes": want}
+        assert _careless(env, notes, "relative_day") is None and _careless(env, notes, "signature") is None
+        return
     got = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=0)
     if kind == "signature":  # every other time (seeds 3-5, 9-11, ...) as the colleague's signature block
         block = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=3)
@@ -4957,6 +4964,25 @@ def op_signed_with_a_dash_or_thanks(spec, turns, ref):
                 break
 
 
+_WRITTEN_TEXT = {"crm_update_deal": "note", "crm_update_invoice": "note", "tasks_create": "notes", "tasks_update": "notes",
+                 "calendar_create_event": "description", "calendar_update_event": "description",
+                 "helpdesk_create_ticket": "description", "docs_create": "content", "docs_update": "content"}
+
+
+def op_placeholder_in_a_record_text(spec, turns, ref):
+    """A text the agent writes on a record (a deal's or an invoice's note, a task's notes, a ticket's description, a
+    document) with a template's blank left in, each way in turn: "Owner: [Name]" under it, "Contact: {customer_name}."
+    after it. Colleagues read it as it is."""
+    for blank in ("\n\nOwner: [Name]", " Contact: {customer_name}."):
+        for ti, si in _write_sites(turns):
+            tool, args, _ = turns[ti][si]
+            k = _WRITTEN_TEXT.get(tool)
+            if k and isinstance(args.get(k), str) and args[k]:
+                m = copy.deepcopy(turns)
+                m[ti][si][1][k] = args[k] + blank
+                yield f"{tool}.{k} + {blank.strip()!r}", _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -5077,7 +5103,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "relative_day_contradicts_the_date": op_relative_day_contradicts_the_date,
              "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
              "colleague_signature_block": op_colleague_signature_block, "signed_with_a_dash_or_thanks": op_signed_with_a_dash_or_thanks,
-             "signature_block (control)": ctl_signature_block,
+             "signature_block (control)": ctl_signature_block, "placeholder_in_a_record_text": op_placeholder_in_a_record_text,
              "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
              "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}

@@ -356,6 +356,14 @@ def _unfinished(t):
     # not "[action needed]", "[q3 deck]" nor an address "<ana@acme.example>")
     return re.search("[<[](?:[a-z]+[ _])*(?:name|names|first name|last name|date|time|amount|company|signature|title|email|phone|position|role|recipient|customer|client|sender|insert[^]>]*|placeholder|x{2,})[]>]", t) is not None
 
+def _unfinished_in(rec):
+    # a record's texts (a task's title and notes, a ticket's description, a note, a document) with a template's blank
+    # left in ("Owner: [Name]", "{customer_name}"): colleagues read it as it is
+    for k in ("title", "name", "notes", "note", "description", "content", "subject", "body"):
+        if isinstance(rec.get(k), str) and _unfinished(_low(rec.get(k))):
+            return True
+    return False
+
 def _relative_clash(t):
     # "tomorrow (2026-03-04)" on the workspace's first day, 2026-03-02 (every world's clock starts then): a relative
     # day beside a date must be that date ("today, march 2", "2026-03-03 (tomorrow)")
@@ -904,10 +912,10 @@ def _texts_on_the_record(coll: str, rid: str, nums: list[str], p: dict[str, Any]
     literals of the source, and the sandbox's skeletons place equal strings on one placeholder (another template)."""
     figures, people = "|".join(p.get("figures") or []), "|".join(n.lower() for n in p.get("people") or [])
     dates = "|".join(p.get("when_allowed") or [])
-    if not (nums or figures or people or dates):
-        return ""
+    # (and, whatever else it asks, no template's blank left in: "Owner: [Name]")
     stray = " or ".join((["_stray_amounts(t, said)"] if nums else []) + (["_stray_figures(t, figures)"] if figures else [])
-                        + (["_stray_people(t, ev, people)"] if people else []) + (["_stray_when(t, dates)"] if dates else []))
+                        + (["_stray_people(t, ev, people)"] if people else []) + (["_stray_when(t, dates)"] if dates else [])
+                        + ["_unfinished(_low(t))"])
     return f"""d = ev["diff"].get({coll!r}, {{}}).get("changed", {{}}).get({rid!r}, {{}})
 """ + ("""said = "|".join([str(want[k]) for k in nums] + [str(d[k][0]) for k in nums if k in d and d[k][0] is not None])
 """ if nums else "") + (f"figures = {figures!r}\n" if figures else "") + (f"people = {people!r}\n" if people else "") + (f"dates = {dates!r}\n" if dates else "") + f"""# the fields it wrote, and what it appended to a list: a history's new entries (a CRM note is one: its "new" text)
@@ -1151,6 +1159,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not _stray_people(str(r.get({k!r}) or 0), ev, {'|'.join(n.lower() for n in allowed)!r})" if allowed else ""
     for k, allowed in sorted((p.get("when_allowed") or {}).items()):  # nor gives its record another date or time (see field_equals)
         unless += f" and not _stray_when(str(r.get({k!r}) or 0), {'|'.join(allowed)!r})" if allowed else ""
+    unless += " and not _unfinished_in(r)"  # nor leaves a template's blank in its texts
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
         unless += " and not _misstates(_own_words(r)) and not _signs_as(_own_words(r), ev, list(r.get('to') or []) + list(r.get('cc') or []))"
     if not strict:
@@ -1186,6 +1195,9 @@ def _event_at(p: dict[str, Any], strict: bool) -> str:
         title += f"""
     if _stray_when(e["title"] + " | " + str(e.get("description") or ""), {'|'.join(p['when_allowed'])!r}):
         continue"""
+    title += """
+    if _unfinished_in(e):
+        continue"""  # (nor a template's blank in its title or description)
     return f"""from datetime import datetime, timezone
 want = datetime.fromisoformat({p['start_utc']!r})
 for e in _new(ev, "calendar.events"):
@@ -1497,7 +1509,7 @@ def _doc_contains(p: dict[str, Any], strict: bool) -> str:
     return f"""rec = _coll(ev, {coll!r}).get({rid!r})
 if rec is None:
     return False
-return _has(rec.get({fld!r}, ""), {list(p.get('includes', [])) + list(p.get('keep', []))!r}){unless}"""
+return _has(rec.get({fld!r}, ""), {list(p.get('includes', [])) + list(p.get('keep', []))!r}){unless} and not _unfinished(_low(rec.get({fld!r}, "")))"""
 
 
 def _write_in_turn(p: dict[str, Any], strict: bool) -> str:

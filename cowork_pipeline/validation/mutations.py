@@ -406,12 +406,17 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[
     """The step's message (or answer) with one careless mistake of ``kind`` and every value as it was: "placeholder"
     puts a template's "[Name]" where the greeting names its reader (or greets "[Name]" where it has no greeting);
     "relative_day" calls its first date "tomorrow" (or "today" where that date is tomorrow: the workspace's day is
-    ``BASE_TIME``'s); "signature" signs an email or a comment with a colleague's first name instead of the user's.
-    None where the kind does not apply (no date; not a message that goes out under the user's name; no colleague)."""
-    param = MESSAGE_TEXT.get(s.tool)
+    ``BASE_TIME``'s); "signature" signs an email or a comment with a colleague's first name instead of the user's
+    (every other time their signature block). A text written on a record (a task's notes, a document) takes the
+    placeholder only ("Owner: [Name]" under it). None where the kind does not apply (no date; not a message that goes
+    out under the user's name; no colleague)."""
+    param = MESSAGE_TEXT.get(s.tool) or RECORD_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
     if not isinstance(text, str) or not text.strip():
         return None
+    if s.tool not in MESSAGE_TEXT:  # a text written on a record (a task's notes, a note, a document): its blank only
+        return ({**s.args, param: text.rstrip() + "\n\nOwner: [Name]"}, f"{param} leaves a template's placeholder in ('Owner: [Name]')") \
+            if kind == "placeholder" else None
     if kind == "placeholder":
         g = _GREETING.match(text)
         new = text[:g.start(3)] + "[Name]" + text[g.end(3):] if g else "Hi [Name], " + text
@@ -744,6 +749,7 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     # one careless message per environment, its kind turning with the seed (where a kind fits no message, the next)
     sites = [(ti, si, s) for ti, si, s in effectful if s.tool in MESSAGE_TEXT]
     sites += [(ti, -1, Step(tool=ANSWER, args={"text": env.reference[ti].reply})) for ti in _asked(env, base)]
+    sites += [(ti, si, s) for ti, si, s in effectful if s.tool in RECORD_TEXT]  # (a record's text, where nothing is sent)
     careless = next(((ti, si, s, e) for k in range(len(CARELESS_KINDS)) for ti, si, s in sites
                      for e in [_careless(env, s, CARELESS_KINDS[(seed + k) % len(CARELESS_KINDS)], seed)] if e is not None), None)
     if careless is not None:
