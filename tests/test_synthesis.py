@@ -779,6 +779,25 @@ def test_what_a_reply_quotes_is_not_the_sender_s_to_answer_for(quote):
 
 
 @pytest.mark.parametrize("text, ok", [
+    ("INV-1234 is corrected to 4830.00 USD.", True),
+    ("INV-1234 is corrected to 4830.00 USD / 5313.00 USD.", False),
+    ("INV-1234 is corrected to $4,830.00/$5,313.00.", False),
+    ("INV-1234 is corrected to 4830.00 USD, 5313.00 USD.", False),
+    ("INV-1234 is corrected to 4830.00 and 5313.00 USD.", False),
+    ("INV-1234: 5313.00 USD vs. 4830.00 USD", False),
+    ("INV-1234 is corrected from 5313.00 USD to 4830.00 USD.", True),  # (words tell them apart)
+    ("INV-1234 is now 4830.00 USD, 483.00 USD less than before.", True),
+    ("INV-1234 is now 4830.00 USD (5313.00 USD before the discount).", True),
+    ("INV-1234 is now 4830.00 USD / 4400.00 EUR.", True),  # (the same sum in two currencies)
+])
+def test_the_amount_listed_beside_another_fails(text, ok):
+    """embedded-32: the right amount listed beside another one with nothing between them that tells them apart is a
+    hedge without its "or" (a probe: 0 of 90 such messages and answers failed)."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD"}))
+    assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok, text
+
+
+@pytest.mark.parametrize("text, ok", [
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Best, Alex", True),
     ("[Action needed] Hi Clara, INV-1234 is corrected to 4830.00 USD (see [the shared folder]).", True),
     ("Hi Clara, INV-1234 is corrected to 4830.00 USD. Questions? Write to <alex.morgan@northwind.example>.", True),
@@ -4983,6 +5002,22 @@ def op_placeholder_in_a_record_text(spec, turns, ref):
                 yield f"{tool}.{k} + {blank.strip()!r}", _program(spec, m)
 
 
+def op_amount_listed_with_another(spec, turns, ref):
+    """A message's or answer's first amount listed with a second one, a tenth more, with nothing that tells them
+    apart, each way in turn: "4830.00 USD / 5313.00 USD", "4830.00 USD, 5313.00 USD", "4830.00 USD and 5313.00 USD",
+    "4830.00 USD vs. 5313.00 USD" (a policy that learnt that "or" fails can still list both; a second amount in
+    parentheses, which may be a conversion, is left alone)."""
+    for sep in (" / ", ", ", " and ", " vs. "):
+        def listed(t, sep=sep):
+            m = re.search(r"(?<![\w.,])(\d+\.\d{2})( ?(?:USD|EUR|GBP|SGD|CHF))?", t)
+            if not m:
+                return t
+            return t[:m.end()] + sep + f"{float(m.group(1)) * 1.1:.2f}{m.group(2) or ''}" + t[m.end():]
+        prog = _retyped(spec, turns, listed, answers=True, subject=False)
+        if prog:
+            yield f"the amount, then {sep.strip()!r} and another", prog
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -5104,6 +5139,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
              "colleague_signature_block": op_colleague_signature_block, "signed_with_a_dash_or_thanks": op_signed_with_a_dash_or_thanks,
              "signature_block (control)": ctl_signature_block, "placeholder_in_a_record_text": op_placeholder_in_a_record_text,
+             "amount_listed_with_another": op_amount_listed_with_another,
              "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
              "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}

@@ -78,6 +78,33 @@ def _has_amount(text, value, currency=""):
         said = True
     return said
 
+def _listed_amounts(text, amounts):
+    # the right amount listed beside another one with nothing that tells them apart ("4830.00 / 5313.00 usd",
+    # "4830.00 usd, 5313.00 usd.", "4830.00 and 5313.00 usd"): a hedge without its "or" (both the item's, as in an
+    # answer's list, two currencies, "4830.00 usd / 4400.00 eur", or words after the second, "4830.00 usd, 420.00 usd
+    # less than before", tell them apart)
+    t = " ".join(_low(text).split())
+    if "/" not in t and "," not in t and " and " not in t and " & " not in t and " vs" not in t:
+        return False  # (most texts): no regex
+    import re
+    # (in plain notation, "4,830.00" too; the other notations are read by _has_amount, not here)
+    money = "([$\u20ac\u00a3\u00a5]?)[ ]?([0-9]{1,3}(?:,[0-9]{3})+[.][0-9]{2}|[0-9]+[.][0-9]{2})(?:[ ]?(usd|eur|gbp|chf|jpy|cad|aud|sgd)(?![a-z]))?"
+    # (each amount with the next: a slash or a "vs" between two is a list anywhere, a comma or an "and" where the
+    # second ends its clause; a lookahead, so that every neighbour pair is read)
+    end = "(?=[ ]*(?:[.,;:!?)]|$|and |or |respectively|per |a (?:night|day|week|month|year)))"
+    for m in re.finditer("(?<![0-9a-z#_.:/-])" + money + "(?=[ ]*(?:(?:/|vs[.]?|versus)[ ]*" + money + "|(?:,|and|&)[ ]*" + money + end + "))", t):
+        g = m.groups()
+        second = g[3:6] if g[4] else g[6:9]
+        one, two = _currency(g[0]) or g[2] or "", _currency(second[0]) or second[2] or ""
+        if one and two and one != two:
+            continue  # (the same sum in two currencies)
+        right = 0
+        for v in amounts:
+            right = right + (abs(float(g[1].replace(",", "")) - float(v)) <= 0.005) + 2 * (abs(float(second[1].replace(",", "")) - float(v)) <= 0.005)
+        if right in (1, 2):  # one of the two is the item's, the other is not
+            return True
+    return False
+
 def _currencies(t, m):
     # the currencies written right beside the figure ``m`` of ``t``, before it ("$", "usd ") and after it (" eur")
     import re
@@ -943,7 +970,10 @@ def _amounts_test(text: str, p: dict[str, Any]) -> str:
         return ""
     # as strings: checkers that differ only in string literals share one compiled skeleton in the sandbox
     cur = f", {str(p['currency']).lower()!r}" if p.get("currency") else ""
-    return f"    if not all(_has_amount({text}, a{cur}) for a in {[_fmt_amount(a) for a in p['amounts']]!r}):\n        continue"
+    amounts = [_fmt_amount(a) for a in p["amounts"]]
+    # (nor listed beside another amount with nothing between them: "4830.00 / 5313.00 USD" is a hedge without its "or")
+    return (f"    if not all(_has_amount({text}, a{cur}) for a in {amounts!r}):\n        continue\n"
+            f"    if _listed_amounts({text}, {amounts!r}):\n        continue")
 
 
 _MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
