@@ -1469,6 +1469,25 @@ def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outc
     assert all(d.detail["operator"] == "careless_message" and kind in d.message for d in cert.diagnostics), cert.diagnostics
 
 
+@pytest.mark.parametrize("cid", ["invoice_reconcile", "travel_policy_question"])
+def test_planted_checkers_blind_to_listed_amounts_are_caught(validator, outcomes, cid):
+    """certify-20: checkers that find every amount and fail an "or" between two (the embedded checks without
+    ``_listed_amounts``) let "4830.00 / 5314.00 USD" through: the misstated-value mutant hedges a message's amounts
+    with a slash for an odd seed and an answer's for an even one (an "or" otherwise), and shows the gap. (An overdue
+    answer's checks read each amount beside its record, which catches the slash without it.)"""
+    spec = certified_spec(outcomes, cid, lambda s: (s.seed % 2 == 1) == (cid == "invoice_reconcile"))
+    blind = spec
+    for item in spec.rubric:
+        code = re.sub(r"(\ndef _listed_amounts\([^)]*\):\n)", r"\1    return False\n", item.code)
+        if code != item.code:
+            blind = with_item_code(blind, item.id, code)
+    assert blind is not spec
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "misstated_value" and "hedges each amount" in d.message and " / " in d.message
+               for d in cert.diagnostics), cert.diagnostics
+
+
 @pytest.mark.parametrize("cid", ["travel_policy_question", "ticket_service_credit"])
 def test_planted_checkers_blind_to_another_period_are_caught(validator, outcomes, cid):
     """certify-20: an answer's or a comment's checker that finds the figure but not what it is per (the embedded checks

@@ -287,8 +287,8 @@ _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augu
 _WORDS_DATE = re.compile(r"\b(%s) (\d{1,2}), (\d{4})\b" % "|".join(_MONTHS))
 
 
-def _hedge_amount(m: re.Match[str]) -> str:
-    return f"{m.group(0)} or {float(m.group(0).replace(',', '')) * 1.1 + 1:.2f}"
+def _hedge_amount(m: re.Match[str], joiner: str = " or ") -> str:
+    return f"{m.group(0)}{joiner}{float(m.group(0).replace(',', '')) * 1.1 + 1:.2f}"
 
 
 def _hedge_clock(m: re.Match[str]) -> str:
@@ -340,7 +340,7 @@ def _other_period(text: str) -> tuple[str, str] | None:
     return None
 
 
-def _misstatements(s: Step, doubt: bool = False) -> list[tuple[dict[str, Any], str]]:
+def _misstatements(s: Step, doubt: bool = False, listed: bool = False) -> list[tuple[dict[str, Any], str]]:
     """The step's message with its values misstated while every one stays in it: its amounts in another
     currency ("4830.00 USD" -> "4830.00 EUR"); its UTC times in another zone ("15:00 UTC" -> "15:00 CET");
     each amount, time and date hedged between itself and another value ("4830.00 or 5314.00", "15:00 or
@@ -361,7 +361,10 @@ def _misstatements(s: Step, doubt: bool = False) -> list[tuple[dict[str, Any], s
     if _UTC_CLOCK.search(text):  # the same figures on another clock: 15:00 CET is 14:00 UTC
         out.append(({**s.args, param: _UTC_CLOCK.sub(lambda m: m.group(1) + " CET", text)}, f"{param} gives its times in CET"))
     hedged, kinds, sample = text, [], ""
-    for pattern, hedge, kind in ((_MONEY, _hedge_amount, "amount"), (_CLOCK, _hedge_clock, "time"), (_ISO_DATE, _hedge_date, "date")):
+    # (with ``listed``, each amount listed beside the other one with a slash instead: "4830.00 / 5314.00", the hedge
+    # without its "or")
+    amount = (lambda m: _hedge_amount(m, " / ")) if listed else _hedge_amount
+    for pattern, hedge, kind in ((_MONEY, amount, "amount"), (_CLOCK, _hedge_clock, "time"), (_ISO_DATE, _hedge_date, "date")):
         first = pattern.search(hedged)
         if first is None:
             continue
@@ -724,7 +727,9 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     out.extend(_select(per_site, CAPS["wrong_mention"]))
 
     # (a statement denied for an even seed, doubted for an odd one: one mutant either way)
-    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _misstatements(s, doubt=seed % 2 == 1)] for ti, si, s in effectful]
+    # (and its amounts hedged with a slash for an odd seed, with an "or" for an even one: the answers' the other way)
+    per_site = [[variant("misstated_value", ti, si, s, args, what) for args, what in _misstatements(s, doubt=seed % 2 == 1, listed=seed % 2 == 1)]
+                for ti, si, s in effectful]
     # each message site starts one kind further on (the second site's first mutant is its hedge, not its zone
     # again): within the cap, the messages of one environment are misstated in as many ways as possible
     per_site = [c[k % len(c):] + c[:k % len(c)] for k, c in enumerate([c for c in per_site if c])]
@@ -848,7 +853,7 @@ def _answer_mutants(env: EnvironmentSpec, base: list[list[Step]], index: list[li
         e = _emptied(s)
         if e is not None:
             out.append(answered("empty_message", ti, e[0]["text"], e[1]))
-        kinds = _misstatements(s)
+        kinds = _misstatements(s, listed=seed % 2 == 0)
         out.extend(answered("misstated_value", ti, args["text"], what) for args, what in kinds[:3])
         out.extend(answered("misstated_value", ti, args["text"], what) for args, what in kinds[3:] if "for another period" in what)
         undercut = _undercut(said[ti], doubt=seed % 2 == 0)  # (not among the first three kinds; the messages' other one)
