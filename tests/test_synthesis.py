@@ -778,6 +778,21 @@ def test_what_a_reply_quotes_is_not_the_sender_s_to_answer_for(quote):
     assert not _run_check(mail, ev)  # the sender's own words are read
 
 
+@pytest.mark.parametrize("cc, ok", [([], True), (["alex.morgan@northwind.example"], True), (["grace.kim@northwind.example"], True),
+                                    (["zoe.lee@northwind.example"], False), (["grace.kim@northwind.example", "zoe.lee@northwind.example"], False)])
+def test_an_email_copied_to_someone_the_task_does_not_involve_fails(cc, ok):
+    """embedded-32: with ``cc_ok`` (the user and the people the task involves), an email that also goes to anyone else
+    is a message nobody asked for (a probe, cc to every colleague: 0 of 11 failed), checked as a message and as a
+    record."""
+    allowed = ["alex.morgan@northwind.example", "grace.kim@northwind.example"]
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "cc_ok": allowed}))
+    rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent", "to": ["ap@acme.example"]}, "cc_ok": allowed}))
+    ev = _sent_evidence("Invoice INV-1234", "INV-1234 is corrected.")
+    for m in ev["final"]["mail.messages"].values():
+        m["cc"] = list(cc)
+    assert _run_check(mail, ev) is ok and _run_check(rec, ev) is ok
+
+
 @pytest.mark.parametrize("text, ok", [
     ("INV-1234 is corrected to 4830.00 USD.", True),
     ("INV-1234 is corrected to 4830.00 USD / 5313.00 USD.", False),
@@ -5037,6 +5052,20 @@ def op_amount_listed_with_another(spec, turns, ref):
             yield f"the amount, then {sep.strip()!r} and another", prog
 
 
+def op_cc_every_colleague(spec, turns, ref):
+    """The right new email with every colleague of the directory the task does not already address in cc (a policy
+    that learnt a missing recipient fails can add them all; a reply to all, which reaches the original's people, is
+    the reply_to_all control)."""
+    me = _profile_email(spec)
+    everyone = sorted(r["email"] for r in spec.world.get("directory.people", {}).values() if r.get("email") != me)
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool == "mail_send":
+            m = copy.deepcopy(turns)
+            m[ti][si][1]["cc"] = sorted(set(args.get("cc") or []) | (set(everyone) - set(args.get("to") or [])))
+            yield f"{tool} in turn {ti} cc {len(m[ti][si][1]['cc'])} colleagues", _program(spec, m)
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -5158,7 +5187,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "relative_day_beside_its_date (control)": ctl_relative_day_beside_its_date, "signed_as_a_colleague": op_signed_as_a_colleague,
              "colleague_signature_block": op_colleague_signature_block, "signed_with_a_dash_or_thanks": op_signed_with_a_dash_or_thanks,
              "signature_block (control)": ctl_signature_block, "placeholder_in_a_record_text": op_placeholder_in_a_record_text,
-             "amount_listed_with_another": op_amount_listed_with_another,
+             "amount_listed_with_another": op_amount_listed_with_another, "cc_every_colleague": op_cc_every_colleague,
              "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
              "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}

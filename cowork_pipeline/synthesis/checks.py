@@ -1151,7 +1151,9 @@ def _mail_sent(p: dict[str, Any], strict: bool) -> str:
     """A sent email to (at least) ``to`` that says what it must (``includes``, ``says``, ``amounts``, ``when``),
     names no other record (``excludes``, ``ids``) and misstates nothing. With ``others`` ("|"-joined first names,
     lower case, of the people it is not for), its salutation greets none of them ("Hi Priya," to Zoe). With
-    ``asks``, it asks a question in its own words (a forward's note, not the message it forwards)."""
+    ``asks``, it asks a question in its own words (a forward's note, not the message it forwards). With ``cc_ok``,
+    it goes to nobody but ``to`` and them (the user, the people the task involves): a copy to every colleague is a
+    message nobody asked for."""
     to, includes, reply_to, only = p.get("to", []), p.get("includes", []), p.get("in_reply_to"), p.get("only_to", False)
     if not strict:
         return "return len(_sent(ev)) > 0"
@@ -1161,6 +1163,7 @@ for m in _sent(ev):
     if not all(a in rcpt for a in want_to):
         continue
 {"    if rcpt != want_to:" + chr(10) + "        continue" if only else ""}
+{"    if any(a not in want_to and a not in " + repr(p['cc_ok']) + " for a in rcpt):" + chr(10) + "        continue" if p.get("cc_ok") else ""}
 {"    if m.get('in_reply_to') != " + repr(reply_to) + ":" + chr(10) + "        continue" if reply_to is not None else ""}
 {"    if _greets(m['body'], " + repr(p['others']) + "):" + chr(10) + "        continue" if p.get("others") else ""}
 {"    if not _asks(m['body']):" + chr(10) + "        continue" if p.get("asks") else ""}
@@ -1181,6 +1184,8 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += f" and not any({_ids_cond('r.get(k)', p)} for k in {sorted(p.get('excludes') or {})!r})"
     if p.get("others") and coll == "mail.messages":  # an email greets none of the people it is not for
         unless += f" and not _greets(r.get('body', ''), {p['others']!r})"
+    if p.get("cc_ok") and coll == "mail.messages":  # nor copies anyone the task does not involve (see mail_sent)
+        unless += f" and all(a in {p['cc_ok']!r} for a in r.get('cc') or [])"
     # a text that restates its source's figures gets none wrong, nor names another person than its source's (only
     # where given: an empty literal would share a skeleton placeholder with the source's other empty strings)
     for k, allowed in sorted((p.get("figures") or {}).items()):
