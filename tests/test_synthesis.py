@@ -1484,6 +1484,26 @@ def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outc
     assert all(d.detail["operator"] == "careless_message" and kind in d.message for d in cert.diagnostics), cert.diagnostics
 
 
+def test_planted_email_checker_blind_to_copies_is_caught(backend, validator):
+    """certify-20: an email checker that finds its recipients among the message's and reads no others (the embedded
+    check without its ``cc_ok`` line) lets a copy to two colleagues the task never involves through: the
+    careless_message mutant of that kind (seed 3, the fourth kind) shows the gap; the embedded check kills it."""
+    [o] = synthesize(backend, validator, CATALOG["quote_followup"], [3])
+    assert o.accepted
+    spec = o.final.draft.spec
+    copied = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
+    assert len(copied) == 1 and "also copies" in copied[0]["description"] and copied[0]["killed"], copied
+    blind = spec
+    for item in spec.rubric:
+        code = re.sub(r"\n *if any\(a not in want_to and a not in .*\n *continue", "", item.code)
+        if code != item.code:
+            blind = with_item_code(blind, item.id, code)
+    assert blind is not spec
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "careless_message" and "also copies" in d.message for d in cert.diagnostics), cert.diagnostics
+
+
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "travel_policy_question"])
 def test_planted_checkers_blind_to_listed_amounts_are_caught(validator, outcomes, cid):
     """certify-20: checkers that find every amount and fail an "or" between two (the embedded checks without
@@ -1545,6 +1565,7 @@ def test_a_figure_for_another_period_changes_only_its_period(text, want):
     ("relative_day", "INV-1234 is corrected to 4830.00 USD.", None),  # no date
     ("signature", "INV-1234 is corrected. Best, Alex", "INV-1234 is corrected. Best, Grace"),
     ("record", "Checklist from Arjun's email.", "Checklist from Arjun's email.\n\nOwner: [Name]"),  # (a task's notes)
+    ("copied", "INV-1234 is corrected.", "INV-1234 is corrected."),  # (the same body, two colleagues in cc)
     ("signature", "INV-1234 is corrected. Thanks, Alex", "INV-1234 is corrected. Thanks, Alex\n\nBest regards,\nGrace"),
     ("signature", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nAlex Morgan", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nTomás"),
 ])
@@ -1559,15 +1580,21 @@ def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, 
     people = {f"p{i}": {"id": f"p{i}", "name": n, "email": e} for i, (n, e) in enumerate(
         [("Alex Morgan", "alex@acme.example"), ("Grace Kim", "grace@acme.example"), ("Tomás Ruiz", "tomas@acme.example")])}
     people["p2"].update(role="Engineer", team="Platform")
-    env = SimpleNamespace(world={"_meta": {"profile": {"email": "alex@acme.example", "name": "Alex Morgan"}}, "directory.people": people})
+    env = SimpleNamespace(world={"_meta": {"profile": {"email": "alex@acme.example", "name": "Alex Morgan"}}, "directory.people": people},
+                          turns=[SimpleNamespace(user="Tell ap@x.example that INV-1234 is corrected.", events=[])], reference=[])
+    if kind == "copied":  # two colleagues nobody named, in cc (not on a chat post)
+        got = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=0)
+        assert got[0] == {"to": ["ap@x.example"], "body": want, "cc": ["grace@acme.example", "tomas@acme.example"]}, got
+        assert _careless(env, Step(tool="chat_post_message", args={"text": text}), kind) is None
+        return
     if kind == "record":  # a text written on a record: the placeholder, nothing else
         notes = Step(tool="tasks_create", args={"title": "Checklist", "notes": text})
         assert _careless(env, notes, "placeholder")[0] == {"title": "Checklist", "notes": want}
         assert _careless(env, notes, "relative_day") is None and _careless(env, notes, "signature") is None
         return
     got = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=0)
-    if kind == "signature":  # every other time (seeds 3-5, 9-11, ...) as the colleague's signature block
-        block = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=3)
+    if kind == "signature":  # every other time (seeds 4-7, 12-15, ...) as the colleague's signature block
+        block = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=5)
         assert block[0]["body"].endswith("Tomás Ruiz\nEngineer\nPlatform") and "'Tomás Ruiz'" in block[1], block
     assert (got[0]["body"] if got else None) == want
     assert got is None or got[0]["to"] == ["ap@x.example"]

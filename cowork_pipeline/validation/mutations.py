@@ -402,7 +402,7 @@ def _misstatements(s: Step, doubt: bool = False, listed: bool = False) -> list[t
 _GREETING = re.compile(r"^(Hi|Hello|Hey|Dear|Thanks|Thank you|Good morning|Good afternoon)( +)([A-Za-z][\w'-]*)")
 _SIGNED = ("mail_send", "mail_reply", "mail_forward", "helpdesk_add_comment")  # (what goes out under the user's name)
 _CLOSING = re.compile(r"(?i:best|regards|cheers|sincerely)[!.,]?\s+(([A-Z][\w'-]*)(?: [A-Z][\w'-]*)?)\W*$")  # (the closings a grader reads)
-CARELESS_KINDS = ("placeholder", "relative_day", "signature")
+CARELESS_KINDS = ("placeholder", "relative_day", "signature", "copied")
 
 
 def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[dict[str, Any], str] | None:
@@ -410,9 +410,9 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[
     puts a template's "[Name]" where the greeting names its reader (or greets "[Name]" where it has no greeting);
     "relative_day" calls its first date "tomorrow" (or "today" where that date is tomorrow: the workspace's day is
     ``BASE_TIME``'s); "signature" signs an email or a comment with a colleague's first name instead of the user's
-    (every other time their signature block). A text written on a record (a task's notes, a document) takes the
-    placeholder only ("Owner: [Name]" under it). None where the kind does not apply (no date; not a message that goes
-    out under the user's name; no colleague)."""
+    (every other time their signature block); "copied" puts two colleagues the task never involves in a new email's
+    cc. A text written on a record (a task's notes, a document) takes the placeholder only ("Owner: [Name]" under it).
+    None where the kind does not apply (no date; not a message that goes out under the user's name; no colleague)."""
     param = MESSAGE_TEXT.get(s.tool) or RECORD_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
     if not isinstance(text, str) or not text.strip():
@@ -440,6 +440,20 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[
         head = text[:at - 3] if text[:at].endswith(" on ") else text[:at]  # (not "on tomorrow")
         return ({**s.args, param: head + word + " (" + text[at:end] + ")" + text[end:]},
                 f"{param} calls {d.group(0)} {word} (the workspace's day is {BASE_TIME.date().isoformat()})")
+    if kind == "copied" and s.tool == "mail_send":
+        # two colleagues the task never involves in cc: nobody named them, no email it reads has them, no call names them
+        said = " ".join([t.user for t in env.turns] + [str(st.args) for t in env.reference for st in t.steps]
+                        + [str(e.args) for t in env.turns for e in t.events]).lower()
+        ids = {str(v) for t in env.reference for st in t.steps for k, v in st.args.items() if k == "message_id"}
+        said += " ".join(str(m) for mid, m in env.world.get("mail.messages", {}).items() if mid in ids).lower()
+        me = env.world.get("_meta", {}).get("profile", {}).get("email")
+        far = sorted(str(r["email"]) for r in env.world.get("directory.people", {}).values() if isinstance(r, dict)
+                     and isinstance(r.get("email"), str) and r["email"] != me and r["email"].lower() not in said
+                     and str(r.get("name") or "").lower() not in said)
+        if not far:
+            return None
+        cc = [far[(seed + i) % len(far)] for i in range(min(2, len(far)))]
+        return {**s.args, "cc": sorted(set(s.args.get("cc") or []) | set(cc))}, f"also copies {', '.join(cc)}, whom the task never involves"
     if kind == "signature" and s.tool in _SIGNED:
         me = env.world.get("_meta", {}).get("profile", {})
         mine = (str(me.get("name") or "").split() or [""])[0]
