@@ -81,6 +81,23 @@ def with_item_code(spec: EnvironmentSpec, item: str, code: str) -> EnvironmentSp
     return spec.model_copy(update={"rubric": [r.model_copy(update={"code": code}) if r.id == item else r for r in spec.rubric]})
 
 
+def with_codes_edited(spec: EnvironmentSpec, edit: Callable[[str], str]) -> EnvironmentSpec:
+    """``spec`` with every rubric item's code passed through ``edit`` (a guard taken out, a helper made to find
+    nothing); the test asserts that some item changed."""
+    out = spec
+    for item in spec.rubric:
+        code = edit(item.code)
+        if code != item.code:
+            out = with_item_code(out, item.id, code)
+    assert out is not spec, "no item's code changed"
+    return out
+
+
+def blind_helper(name: str) -> Callable[[str], str]:
+    """An edit for ``with_codes_edited``: the prelude helper ``name`` returns False at once (its guard finds nothing)."""
+    return lambda code: re.sub(r"(\ndef %s\([^)]*\):\n)" % name, r"\1    return False\n", code)
+
+
 def json_edit(spec: EnvironmentSpec, fn: Callable[[dict[str, Any]], None]) -> EnvironmentSpec:
     doc = json.loads(spec.to_json())
     fn(doc)
@@ -1424,11 +1441,7 @@ def test_planted_task_checkers_that_let_the_task_s_days_stand_anywhere_are_caugh
     9th: the mutant giving today as the due date shows the gap; the embedded checks (embedded-30: "^2026-03-02", a
     day the texts give only as another day than the task's) kill it."""
     spec = certified_spec(outcomes, "onboarding_plan")
-    lax = spec
-    for item in spec.rubric:
-        if "^20" in item.code:
-            lax = with_item_code(lax, item.id, re.sub(r"\^(20[0-9]{2}-)", r"\1", item.code))
-    assert lax is not spec
+    lax = with_codes_edited(spec, lambda code: re.sub(r"\^(20[0-9]{2}-)", r"\1", code))
     cert = validator.certify(planted(lax))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert any("as the due date" in d.message and "states today" in d.message for d in cert.diagnostics), [d.message for d in cert.diagnostics]
@@ -1445,12 +1458,7 @@ def test_planted_checkers_blind_to_a_denial_or_a_doubt_are_caught(validator, out
     doubting (odd) what a message states, and the one doing the other to an answer, show the gap; the embedded checks
     (embedded-31: ``_undercuts``) kill them."""
     spec = certified_spec(outcomes, cid)
-    blind = spec
-    for item in spec.rubric:
-        code = re.sub(r"\n *if _undercuts\(.*\n *continue", "", item.code)
-        if code != item.code:
-            blind = with_item_code(blind, item.id, code)
-    assert blind is not spec
+    blind = with_codes_edited(spec, lambda code: re.sub(r"\n *if _undercuts\(.*\n *continue", "", code))
     cert = validator.certify(planted(blind))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     word = {"invoice_reconcile": "probably" if spec.seed % 2 else "not", "travel_policy_question": "not" if spec.seed % 2 else "probably"}[cid]
@@ -1473,12 +1481,7 @@ def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outc
     assert found, kind
     spec, mutant = found[0]
     assert mutant["killed"], mutant
-    blind = spec
-    for item in spec.rubric:
-        code = re.sub(r"(\ndef %s\([^)]*\):\n)" % helper, r"\1    return False\n", item.code)
-        if code != item.code:
-            blind = with_item_code(blind, item.id, code)
-    assert blind is not spec
+    blind = with_codes_edited(spec, blind_helper(helper))
     cert = validator.certify(planted(blind))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert all(d.detail["operator"] == "careless_message" and kind in d.message for d in cert.diagnostics), cert.diagnostics
@@ -1493,12 +1496,7 @@ def test_planted_email_checker_blind_to_copies_is_caught(backend, validator):
     spec = o.final.draft.spec
     copied = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
     assert len(copied) == 1 and "also copies" in copied[0]["description"] and copied[0]["killed"], copied
-    blind = spec
-    for item in spec.rubric:
-        code = re.sub(r"\n *if any\(a not in want_to and a not in .*\n *continue", "", item.code)
-        if code != item.code:
-            blind = with_item_code(blind, item.id, code)
-    assert blind is not spec
+    blind = with_codes_edited(spec, lambda code: re.sub(r"\n *if any\(a not in want_to and a not in .*\n *continue", "", code))
     cert = validator.certify(planted(blind))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert all(d.detail["operator"] == "careless_message" and "also copies" in d.message for d in cert.diagnostics), cert.diagnostics
@@ -1511,12 +1509,7 @@ def test_planted_checkers_blind_to_listed_amounts_are_caught(validator, outcomes
     with a slash for an odd seed and an answer's for an even one (an "or" otherwise), and shows the gap. (An overdue
     answer's checks read each amount beside its record, which catches the slash without it.)"""
     spec = certified_spec(outcomes, cid, lambda s: (s.seed % 2 == 1) == (cid == "invoice_reconcile"))
-    blind = spec
-    for item in spec.rubric:
-        code = re.sub(r"(\ndef _listed_amounts\([^)]*\):\n)", r"\1    return False\n", item.code)
-        if code != item.code:
-            blind = with_item_code(blind, item.id, code)
-    assert blind is not spec
+    blind = with_codes_edited(spec, blind_helper("_listed_amounts"))
     cert = validator.certify(planted(blind))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert all(d.detail["operator"] == "misstated_value" and "hedges each amount" in d.message and " / " in d.message
@@ -1529,13 +1522,9 @@ def test_planted_checkers_blind_to_another_period_are_caught(validator, outcomes
     without their excluded periods and bases) lets "180.00 EUR per week" for a nightly limit, or "for each full
     day" for each full hour, through: the misstated-value mutant giving the figure for another period shows the gap."""
     spec = certified_spec(outcomes, cid)
-    blind = spec
-    for item in spec.rubric:
-        code = re.sub(r"\n *if _mentions\(text, '[^']*per week[^']*'[.]split\('[|]'\)\):\n *continue", "", item.code)
-        code = code.replace("|per day|each day|each full day|per week|", "|")  # (a comment's excluded terms)
-        if code != item.code:
-            blind = with_item_code(blind, item.id, code)
-    assert blind is not spec
+    # (an answer's check without its excluded periods, a comment's without its excluded terms)
+    blind = with_codes_edited(spec, lambda code: re.sub(r"\n *if _mentions\(text, '[^']*per week[^']*'[.]split\('[|]'\)\):\n *continue", "", code)
+                              .replace("|per day|each day|each full day|per week|", "|"))
     cert = validator.certify(planted(blind))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert all(d.detail["operator"] == "misstated_value" and "for another period" in d.message for d in cert.diagnostics), cert.diagnostics
