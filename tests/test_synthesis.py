@@ -821,12 +821,56 @@ def test_an_email_copied_to_someone_the_task_does_not_involve_fails(cc, ok):
     ("INV-1234 is now 4830.00 USD, 483.00 USD less than before.", True),
     ("INV-1234 is now 4830.00 USD (5313.00 USD before the discount).", True),
     ("INV-1234 is now 4830.00 USD / 4400.00 EUR.", True),  # (the same sum in two currencies)
+    # embedded-33: parentheses with nothing but another amount in them (a probe: 0 of 18 failed)
+    ("INV-1234 is corrected to 4830.00 USD (5313.00 USD).", False),
+    ("INV-1234 is corrected to $4,830.00 ($5,313.00).", False),
+    ("INV-1234 is now 4830.00 USD (4400.00 EUR).", True),
 ])
 def test_the_amount_listed_beside_another_fails(text, ok):
     """embedded-32: the right amount listed beside another one with nothing between them that tells them apart is a
     hedge without its "or" (a probe: 0 of 90 such messages and answers failed)."""
     mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD"}))
     assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok, text
+
+
+@pytest.mark.parametrize("text, attached, ok", [
+    ("INV-1234 is corrected to 4830.00 USD.", False, True),
+    ("INV-1234 is corrected to 4830.00 USD. Please find the details attached.", False, False),
+    ("INV-1234 is corrected to 4830.00 USD. I've attached the corrected invoice.", False, False),
+    ("INV-1234 is corrected to 4830.00 USD. See attached.", False, False),
+    ("INV-1234 is corrected to 4830.00 USD. Please find the corrected invoice attached.", True, True),
+    ("Thanks for the attached statement. INV-1234 is corrected to 4830.00 USD.", False, True),  # (the reader's attachment)
+    ("INV-1234 is corrected to 4830.00 USD. I've also let Grace Kim know.", False, False),
+    ("INV-1234 is corrected to 4830.00 USD. I have informed Grace Kim as well.", False, False),
+    ("INV-1234 is corrected to 4830.00 USD. I have informed Grace as well.", False, True),  # (either Grace may be meant)
+    ("INV-1234 is corrected to 4830.00 USD. I forwarded it to Grace Kim.", False, False),
+    ("INV-1234 is corrected to 4830.00 USD. I've also let Tomás know.", False, True),  # (in cc)
+    ("INV-1234 is corrected to 4830.00 USD. I've let the team know.", False, True),  # (no person's name)
+    ("INV-1234 is corrected to 4830.00 USD. I'll let Grace know.", False, True),  # (a promise)
+    ("INV-1234 is corrected to 4830.00 USD. I haven't told Grace yet.", False, True),
+    ("INV-1234 is corrected to 4830.00 USD. I told Grace Ruiz.", False, True),  # (Grace Ruiz is the event's attendee)
+])
+def test_a_message_that_reports_work_not_done_fails(text, attached, ok):
+    """embedded-33: an email (checked as a message and as a record) that says it carries an attachment it does not,
+    or that a person was told who got nothing from the agent (no email, no record the agent wrote names them: an
+    attendee of the event it moved is told), reports work that was not done (probes: 0 of 19 and 6 of 60 failed).
+    The reader's own attachment, a promise and a team are no such report."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD"}))
+    rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent"}}))
+    ev = _sent_evidence("Invoice INV-1234", text)
+    ev["final"]["mail.messages"]["msg_0001"].update(cc=["tomas.ruiz@northwind.example"], attachments=[{"doc_id": "d1"}] if attached else [])
+    ev["profile"] = {"email": "alex.morgan@northwind.example", "name": "Alex Morgan"}
+    ev["final"]["directory.people"] = {p["id"]: p for p in [{"id": "p1", "name": "Alex Morgan", "email": "alex.morgan@northwind.example"},
+                                                             {"id": "p2", "name": "Grace Kim", "email": "grace.kim@northwind.example"},
+                                                             {"id": "p3", "name": "Tomás Ruiz", "email": "tomas.ruiz@northwind.example"},
+                                                             {"id": "p4", "name": "Grace Ruiz", "email": "grace.ruiz@northwind.example"}]}
+    ev["final"]["calendar.events"] = {"evt_1": {"id": "evt_1", "attendees": ["grace.ruiz@northwind.example"], "start": "2026-03-05T15:00:00+00:00"}}
+    ev["audit"] = [{"actor": "agent", "ok": True, "turn": 0, "tool": "mail_send", "result": {"id": "msg_0001"},
+                    "args": {"to": ["ap@acme.example"], "cc": ["tomas.ruiz@northwind.example"], "body": text}},
+                   {"actor": "agent", "ok": True, "turn": 0, "tool": "calendar_update_event", "args": {"event_id": "evt_1", "start": "2026-03-05T15:00:00Z"}, "result": {"id": "evt_1"}},
+                   {"actor": "agent", "ok": True, "turn": 0, "tool": "directory_search", "args": {"query": "Grace"}, "result": [{"email": "grace.kim@northwind.example"}]}]
+    assert _run_check(mail, ev) is ok, text
+    assert _run_check(rec, ev) is ok, text
 
 
 @pytest.mark.parametrize("text, ok", [
@@ -1470,12 +1514,14 @@ def test_planted_checkers_blind_to_a_denial_or_a_doubt_are_caught(validator, out
 
 
 @pytest.mark.parametrize("kind, helper", [("placeholder", "_unfinished"), ("calls", "_relative_clash"), ("signed by a colleague", "_signs_as"),
-                                          ("notes leaves a template's placeholder", "_unfinished_in")])
+                                          ("notes leaves a template's placeholder", "_unfinished_in"),
+                                          ("carries an attachment it does not", "_claims")])
 def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outcomes, kind, helper):
     """certify-20: checkers that read every value of a message or an answer but not a template's placeholder left
     in ("Hi [Name],"), a relative day that is not its date ("tomorrow (Thursday 2026-03-05)") or a colleague's
     name under it (each guard of the embedded checks made to find nothing) let the careless_message mutant of that
-    kind through; the embedded checks kill it."""
+    kind through; the embedded checks kill it. certify-21: so do checkers that believe a message's claim of an
+    attachment ("Please find the details attached.")."""
     found = [(o.final.draft.spec, m) for cid in sorted(outcomes) for o in outcomes[cid] if o.accepted
              for m in o.final.certification.mutants if m["operator"] == "careless_message" and kind in m["description"]]
     assert found, kind
@@ -1501,6 +1547,22 @@ def test_planted_email_checker_blind_to_copies_is_caught(backend, validator):
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert all(d.detail["operator"] == "careless_message" and "also copies" in d.message for d in cert.diagnostics), cert.diagnostics
 
+
+@pytest.mark.parametrize("cid", ["invoice_reconcile", "overdue_invoices_question", "travel_policy_question", "calendar_cancel_notify"])
+def test_planted_checkers_that_believe_a_colleague_was_told_are_caught(backend, validator, cid):
+    """certify-21: checkers that read every value of a message or an answer and believe what it says it did let
+    "I've also let Priya Chen know." through, for a colleague the task never involves (the embedded checks without
+    ``_claims``): the careless_message mutant of that kind (seed 5, the sixth kind) shows the gap in an email, an
+    answer and a chat post whose channel's members are told; the embedded check kills it."""
+    [o] = synthesize(backend, validator, CATALOG[cid], [5])
+    assert o.accepted
+    spec = o.final.draft.spec
+    told = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
+    assert len(told) == 1 and "was told, who got nothing" in told[0]["description"] and told[0]["killed"], told
+    blind = with_codes_edited(spec, blind_helper("_claims"))
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "careless_message" and "was told" in d.message for d in cert.diagnostics), cert.diagnostics
 
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "travel_policy_question"])
 def test_planted_checkers_blind_to_listed_amounts_are_caught(validator, outcomes, cid):
@@ -1557,11 +1619,14 @@ def test_a_figure_for_another_period_changes_only_its_period(text, want):
     ("copied", "INV-1234 is corrected.", "INV-1234 is corrected."),  # (the same body, two colleagues in cc)
     ("signature", "INV-1234 is corrected. Thanks, Alex", "INV-1234 is corrected. Thanks, Alex\n\nBest regards,\nGrace"),
     ("signature", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nAlex Morgan", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nTomás"),
+    ("attached", "INV-1234 is corrected.", "INV-1234 is corrected.\n\nPlease find the details attached."),
+    ("told", "INV-1234 is corrected.", "INV-1234 is corrected.\n\nI've also let Grace Kim know."),
 ])
 def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, want):
-    """certify-20: the careless_message operator's three kinds, on an email from Alex (colleagues Grace and Tomás):
+    """certify-20/21: the careless_message operator's kinds, on an email from Alex (colleagues Grace and Tomás):
     the relative day is wrong for the workspace's day (2026-03-02: "tomorrow" unless the date is 2026-03-03), the
-    colleague's name is one the message does not already give, and a kind that does not fit gives nothing."""
+    colleague's name is one the message does not already give, the colleague told is one the task never involves,
+    and a kind that does not fit gives nothing (an attachment claimed on a forward or an email that carries one)."""
     from types import SimpleNamespace
 
     from cowork_pipeline.validation.mutations import _careless
@@ -1576,14 +1641,20 @@ def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, 
         assert got[0] == {"to": ["ap@x.example"], "body": want, "cc": ["grace@acme.example", "tomas@acme.example"]}, got
         assert _careless(env, Step(tool="chat_post_message", args={"text": text}), kind) is None
         return
+    if kind == "attached":  # not on a forward (it carries the original's) nor on an email with an attachment
+        assert _careless(env, Step(tool="mail_forward", args={"message_id": "m1", "to": ["ap@x.example"], "note": text}), kind) is None
+        assert _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text, "attachment_doc_ids": ["d1"]}), kind) is None
+    if kind == "told":  # Tomás is named in the request: only Grace is never involved
+        env.turns[0].user += " Copy Tomás Ruiz."
+        assert _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=1)[0]["body"] == want
     if kind == "record":  # a text written on a record: the placeholder, nothing else
         notes = Step(tool="tasks_create", args={"title": "Checklist", "notes": text})
         assert _careless(env, notes, "placeholder")[0] == {"title": "Checklist", "notes": want}
         assert _careless(env, notes, "relative_day") is None and _careless(env, notes, "signature") is None
         return
     got = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=0)
-    if kind == "signature":  # every other time (seeds 4-7, 12-15, ...) as the colleague's signature block
-        block = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=5)
+    if kind == "signature":  # every other time (seeds 6-11, 18-23, ...: six kinds) as the colleague's signature block
+        block = _careless(env, Step(tool="mail_send", args={"to": ["ap@x.example"], "body": text}), kind, seed=7)
         assert block[0]["body"].endswith("Tomás Ruiz\nEngineer\nPlatform") and "'Tomás Ruiz'" in block[1], block
     assert (got[0]["body"] if got else None) == want
     assert got is None or got[0]["to"] == ["ap@x.example"]
@@ -5082,6 +5153,111 @@ def op_cc_every_colleague(spec, turns, ref):
             yield f"{tool} in turn {ti} cc {len(m[ti][si][1]['cc'])} colleagues", _program(spec, m)
 
 
+def _told_and_untold(spec, turns, upto=None):
+    """(first names of people the reference's writes reach, in turns up to ``upto`` when given: an email's
+    recipients, an assignee, the attendees of an event it moves or cancels; full names of colleagues they do not
+    reach, the user left out)."""
+    writes = " ".join(f"{args!r} {res!r}" for ti, si in _write_sites(turns) if upto is None or ti <= upto
+                      for _t, args, res in [turns[ti][si]])
+    for recs in spec.world.values():
+        for rid, rec in recs.items() if isinstance(recs, dict) else []:
+            if f"'{rid}'" in writes:
+                writes += f" {rec!r}"
+    me = _profile_email(spec)
+    people = [r for r in spec.world.get("directory.people", {}).values() if r.get("email") != me and r.get("name")]
+    told = sorted({r["name"].split()[0] for r in people if f"'{r['email']}'" in writes})
+    return told, sorted(r["name"] for r in people if f"'{r['email']}'" not in writes)
+
+
+_CLAIMS_TOLD = ("I've also let {full} know.", "I have informed {first} as well.", "I've looped in {first} by email.",
+                "I also forwarded it to {full}.")
+
+
+def op_claims_a_colleague_was_told(spec, turns, ref):
+    """Each message and answer, one at a time, adds that a colleague the work never reached was told ("I've also
+    let Priya Chen know.", "I have informed Zoe as well."): work reported that was not done."""
+    _, untold = _told_and_untold(spec, turns)
+    if not untold:
+        return
+    for n, (ti, si, k, text) in enumerate(_outgoing_texts(turns)):
+        name = untold[n % len(untold)]
+        line = _CLAIMS_TOLD[n % len(_CLAIMS_TOLD)].format(full=name, first=name.split()[0])
+        m = copy.deepcopy(turns)
+        m[ti][si][1][k] = f"{text}\n\n{line}"
+        yield f"{turns[ti][si][0]}.{k} + {line!r}", _program(spec, m)
+    for n, (ti, text) in enumerate(_answers(spec)):
+        name = untold[n % len(untold)]
+        line = _CLAIMS_TOLD[(n + 1) % len(_CLAIMS_TOLD)].format(full=name, first=name.split()[0])
+        yield f"answer {ti} + {line!r}", _answered(spec, turns, ti, f"{text}\n\n{line}")
+
+
+def ctl_says_who_was_told(spec, turns, ref):
+    """CONTROL: every message adds that someone its work did reach was told ("I've let Grace know as well."): an
+    email's recipient, an assignee, an attendee. Must still pass."""
+    m, said = copy.deepcopy(turns), []
+    for ti, si, k, text in _outgoing_texts(turns):
+        told, _ = _told_and_untold(spec, turns, upto=ti)  # (told by the end of the message's turn, when it is graded)
+        if told:
+            m[ti][si][1][k] = f"{text}\n\nI've let {told[0]} know as well."
+            said.append(told[0])
+    if said:
+        yield f"messages + let {', '.join(said)} know", _program(spec, m)
+
+
+_CLAIMS_ATTACHED = ("Please find the details attached.", "I've attached the document for reference.",
+                    "See the attached file.", "Attached is the summary.")
+
+
+def op_claims_an_attachment(spec, turns, ref):
+    """Each new email or reply that carries no attachment says it does ("Please find the details attached.")."""
+    for n, (ti, si) in enumerate(_write_sites(turns)):
+        tool, args, _ = turns[ti][si]
+        if tool in ("mail_send", "mail_reply") and not args.get("attachment_doc_ids"):
+            m = copy.deepcopy(turns)
+            m[ti][si][1]["body"] = f"{args['body']}\n\n{_CLAIMS_ATTACHED[n % len(_CLAIMS_ATTACHED)]}"
+            yield f"{tool} in turn {ti} + {_CLAIMS_ATTACHED[n % len(_CLAIMS_ATTACHED)]!r}", _program(spec, m)
+
+
+def ctl_mentions_their_attachment(spec, turns, ref):
+    """CONTROL: every email and reply thanks its reader for an attachment of theirs ("Thanks for the attached
+    details."): not a claim that this one carries one. Must still pass."""
+    m, n = copy.deepcopy(turns), 0
+    for ti, si in _write_sites(turns):
+        if turns[ti][si][0] in ("mail_send", "mail_reply"):
+            m[ti][si][1]["body"], n = f"Thanks for the attached details.\n\n{turns[ti][si][1]['body']}", n + 1
+    if n:
+        yield f"{n} emails thank for the attached details", _program(spec, m)
+
+
+_FIRST_AMOUNT = re.compile(r"(?<![\w.,])(\d+\.\d{2}) ([A-Z]{3})(?![\w])")
+
+
+def op_amount_with_another_in_parentheses(spec, turns, ref):
+    """A message's or answer's first amount followed by another of its currency in parentheses ("4830.00 USD
+    (5313.00 USD)"): two figures for one thing."""
+    def paren(t):
+        m = _FIRST_AMOUNT.search(t)
+        return t if not m else t[:m.end()] + f" ({float(m.group(1)) * 1.1:.2f} {m.group(2)})" + t[m.end():]
+    prog = _retyped(spec, turns, paren, answers=True, subject=False)
+    if prog:
+        yield "amount (another amount)", prog
+
+
+def ctl_amount_converted_in_parentheses(spec, turns, ref):
+    """CONTROL: a message's or answer's first amount followed by the same sum in another currency in parentheses
+    ("4830.00 USD (4400.00 EUR)"), or by another amount with words saying what it is ("(5313.00 USD before the
+    correction)"). Must still pass."""
+    for other, how in (("EUR", "{v:.2f} EUR"), ("", "{v:.2f} {c} before the correction")):
+        def paren(t, how=how):
+            m = _FIRST_AMOUNT.search(t)
+            if not m or (other and m.group(2) == other):
+                return t
+            return t[:m.end()] + " (" + how.format(v=float(m.group(1)) * (0.91 if other else 1.1), c=m.group(2)) + ")" + t[m.end():]
+        prog = _retyped(spec, turns, paren, answers=True, subject=False)
+        if prog:
+            yield f"amount ({how})", prog
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -5205,7 +5381,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "signature_block (control)": ctl_signature_block, "placeholder_in_a_record_text": op_placeholder_in_a_record_text,
              "amount_listed_with_another": op_amount_listed_with_another, "cc_every_colleague": op_cc_every_colleague,
              "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
-             "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator}
+             "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator, "claims_a_colleague_was_told": op_claims_a_colleague_was_told, "says_who_was_told (control)": ctl_says_who_was_told, "claims_an_attachment": op_claims_an_attachment, "mentions_their_attachment (control)": ctl_mentions_their_attachment, "amount_with_another_in_parentheses": op_amount_with_another_in_parentheses, "amount_converted_in_parentheses (control)": ctl_amount_converted_in_parentheses}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

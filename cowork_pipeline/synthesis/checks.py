@@ -81,20 +81,21 @@ def _has_amount(text, value, currency=""):
 def _listed_amounts(text, amounts):
     # the right amount listed beside another one with nothing that tells them apart ("4830.00 / 5313.00 usd",
     # "4830.00 usd, 5313.00 usd.", "4830.00 and 5313.00 usd"): a hedge without its "or" (both the item's, as in an
-    # answer's list, two currencies, "4830.00 usd / 4400.00 eur", or words after the second, "4830.00 usd, 420.00 usd
-    # less than before", tell them apart)
+    # answer's list, two currencies, "4830.00 usd / 4400.00 eur" or "(4400.00 eur)", or words after the second,
+    # "4830.00 usd, 420.00 usd less than before", "(5313.00 usd before the discount)", tell them apart)
     t = " ".join(_low(text).split())
-    if "/" not in t and "," not in t and " and " not in t and " & " not in t and " vs" not in t:
+    if "/" not in t and "," not in t and " and " not in t and " & " not in t and " vs" not in t and "(" not in t:
         return False  # (most texts): no regex
     import re
     # (in plain notation, "4,830.00" too; the other notations are read by _has_amount, not here)
     money = "([$\u20ac\u00a3\u00a5]?)[ ]?([0-9]{1,3}(?:,[0-9]{3})+[.][0-9]{2}|[0-9]+[.][0-9]{2})(?:[ ]?(usd|eur|gbp|chf|jpy|cad|aud|sgd)(?![a-z]))?"
     # (each amount with the next: a slash or a "vs" between two is a list anywhere, a comma or an "and" where the
-    # second ends its clause; a lookahead, so that every neighbour pair is read)
+    # second ends its clause, parentheses with nothing but the second in them, "4830.00 usd (5313.00 usd)"; a
+    # lookahead, so that every neighbour pair is read)
     end = "(?=[ ]*(?:[.,;:!?)]|$|and |or |respectively|per |a (?:night|day|week|month|year)))"
-    for m in re.finditer("(?<![0-9a-z#_.:/-])" + money + "(?=[ ]*(?:(?:/|vs[.]?|versus)[ ]*" + money + "|(?:,|and|&)[ ]*" + money + end + "))", t):
+    for m in re.finditer("(?<![0-9a-z#_.:/-])" + money + "(?=[ ]*(?:(?:/|vs[.]?|versus)[ ]*" + money + "|(?:,|and|&)[ ]*" + money + end + "|[(][ ]*" + money + "[ ]*[)]))", t):
         g = m.groups()
-        second = g[3:6] if g[4] else g[6:9]
+        second = g[3:6] if g[4] else (g[6:9] if g[7] else g[9:12])
         one, two = _currency(g[0]) or g[2] or "", _currency(second[0]) or second[2] or ""
         if one and two and one != two:
             continue  # (the same sum in two currencies)
@@ -504,6 +505,56 @@ def _signs_as(text, ev, readers=[]):
             for r in _coll(ev, c).values():
                 if _low(r.get("name") or "").split()[:1] == [m.group(3)] and not (thanks and r.get("email") in readers):
                     return True
+    return False
+
+def _claims(text, ev, attached=False):
+    # the sender's own words report work the episode did not do: an attachment the text does not carry ("please find
+    # the details attached", "i've attached the document"), or someone told who got nothing from it ("i've also let
+    # priya chen know", "i informed zoe"): a reader takes it as done. Told: anyone an email the agent sent went to, or
+    # on a record the agent added, changed or removed (an assignee, an attendee, a ticket's requester)
+    t = " ".join(_low(text).split())
+    import re
+    if not attached and ("attach" in t or "enclos" in t):
+        if re.search("(?<![a-z])(?:please find(?:[ ]+[a-z]+){0,4}[ ]+(?:attached|enclosed)|(?:i|we)(?:'ve| have)?(?:[ ]+(?:also|just|now))?[ ]+(?:attached|enclosed)|(?:i'm|i am|we're|we are)[ ]+(?:attaching|enclosing)|(?:attached|enclosed)[ ]+(?:is|are|please find|you'll find|you will find)|see[ ]+(?:the[ ]+)?(?:attached|enclosed|attachment)|in the attachment)(?![a-z])", t):
+            return True
+    if not ("let " in t or "told" in t or "informed" in t or "notified" in t or "mailed" in t or "messaged" in t or "pinged" in t or "alerted" in t or "contacted" in t or "looped" in t or "copied" in t or "cc'd" in t or "cced" in t or "reached" in t or "wr" in t or "forwarded" in t or "sent" in t):
+        return False  # no report of telling anyone (most texts): no regex
+    told = ""
+    mine = ev["profile"].get("email")
+    for m in re.finditer("(?<![a-z])(?:i|we)(?:'ve| have)?(?:[ ]+(?:also|just|already|now))?[ ]+(?:let|told|informed|notified|emailed|e-mailed|messaged|pinged|alerted|contacted|looped in|cc'd|cced|copied|reached out to|wrote to|written to|(?:forwarded|sent)[ ]+(?:it|this|that|them|the[ ]+[a-z]+|your[ ]+[a-z]+)[ ]+to)[ ]+([^ ,.;:!?]+)(?:[ ]+([^ ,.;:!?]+))?", t):
+        # (by full name where one is given, "kwame mensah" and not his namesake kwame dubois; else by first name)
+        named, first = [], []
+        for c in ("directory.people", "crm.contacts"):
+            for r in _coll(ev, c).values():
+                n = _low(r.get("name") or "").split()
+                if n[:1] == [m.group(1)] and r.get("email") != mine:
+                    first = first + [r.get("email")]
+                    if n[1:2] == [m.group(2)]:
+                        named = named + [r.get("email")]
+        named = named or first
+        if not named:
+            continue  # nobody's name ("i've let the team know", "i told them")
+        if not told:
+            # (the agent's writes: their arguments and results, and every record they name, a channel's members, an
+            # event's attendees, a ticket's requester, a cancelled event's too; not what the agent read, nor what
+            # others wrote)
+            told = " "
+            for e in ev["audit"]:
+                if e["actor"] == "agent" and e["ok"] and e["tool"].split("_", 1)[-1].startswith(("send", "reply", "forward", "create", "update", "cancel", "add", "share", "post", "complete", "delete")):
+                    told = told + str(e.get("args")) + str(e.get("result"))
+            named_records = ""
+            for name, recs in ev["final"].items():
+                for k, r in recs.items():
+                    if ("'" + str(k) + "'") in told:
+                        named_records = named_records + str(r)
+            for name, d in ev["diff"].items():
+                gone = d.get("removed")
+                for k in gone if isinstance(gone, dict) else {}:
+                    if ("'" + k + "'") in told:
+                        named_records = named_records + str(gone[k])
+            told = told + named_records
+        if not any(("'" + str(a) + "'") in told for a in named):
+            return True
     return False
 
 def _unquoted(body):
@@ -1170,7 +1221,7 @@ for m in _sent(ev):
     if not _has(m["subject"] + " " + m["body"], {includes!r}):
         continue
 {_message_tests('m["subject"] + " " + m["body"]', p, '_own_words(m)')}
-    if _signs_as(_own_words(m), ev, m["to"] + m["cc"]):
+    if _signs_as(_own_words(m), ev, m["to"] + m["cc"]) or _claims(_own_words(m), ev, len(m["attachments"]) > 0):
         continue
     return True
 return False"""
@@ -1198,6 +1249,7 @@ def _record_created(p: dict[str, Any], strict: bool) -> str:
         unless += " and not _unfinished_in(r)"
     if coll == "mail.messages":  # an email, checked as a record, misstates nothing either (no hedge, the work not reported as failed)
         unless += " and not _misstates(_own_words(r)) and not _signs_as(_own_words(r), ev, list(r.get('to') or []) + list(r.get('cc') or []))"
+        unless += " and not _claims(_own_words(r), ev, len(r.get('attachments') or []) > 0)"
     if not strict:
         return f"return len(_new(ev, {coll!r})) > 0"
     # a record is skipped at its first mismatching field (the checker scans every new record)
@@ -1276,6 +1328,8 @@ def _chat_posted(p: dict[str, Any], strict: bool) -> str:
     if m["channel_id"] != {p['channel_id']!r} or m["author"] != ev["profile"].get("email") or not _has(m["text"], {p.get('includes', [])!r}):
         continue
 {_message_tests('m["text"]', p)}
+    if _claims(m["text"], ev):
+        continue
     return True
 return False"""
 
@@ -1302,7 +1356,7 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
 if t is None:
     return False
 for c in t["comments"]:
-    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _misstates(c["body"]) and not _signs_as(c["body"], ev, [t.get("requester")]){unless}:
+    if c["author"] == ev["profile"].get("email") and c["public"] == {p.get('public', True)!r} and _has(c["body"], {p.get('includes', [])!r}) and not _misstates(c["body"]) and not _signs_as(c["body"], ev, [t.get("requester")]) and not _claims(c["body"], ev){unless}:
         return True
 return False"""
 
@@ -1350,6 +1404,8 @@ return len(replies) > {turn} and bool(replies[{turn}])"""
     if not text or not _has(text, {p.get('includes', [])!r}):
         continue
 {_message_tests('text', p)}
+    if _claims(text, ev):
+        continue
 {_pairs_test('text', p)}
 {_count_test('text', p)}
     return True

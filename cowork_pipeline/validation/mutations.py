@@ -402,16 +402,35 @@ def _misstatements(s: Step, doubt: bool = False, listed: bool = False) -> list[t
 _GREETING = re.compile(r"^(Hi|Hello|Hey|Dear|Thanks|Thank you|Good morning|Good afternoon)( +)([A-Za-z][\w'-]*)")
 _SIGNED = ("mail_send", "mail_reply", "mail_forward", "helpdesk_add_comment")  # (what goes out under the user's name)
 _CLOSING = re.compile(r"(?i:best|regards|cheers|sincerely)[!.,]?\s+(([A-Z][\w'-]*)(?: [A-Z][\w'-]*)?)\W*$")  # (the closings a grader reads)
-CARELESS_KINDS = ("placeholder", "relative_day", "signature", "copied")
+CARELESS_KINDS = ("placeholder", "relative_day", "signature", "copied", "attached", "told")
+_ATTACHED = ("Please find the details attached.", "I've attached the document for reference.")
 
 
-def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[dict[str, Any], str] | None:
+def _uninvolved(env: EnvironmentSpec, base: list[list[Step]] | None = None) -> list[dict[str, Any]]:
+    """The colleagues (directory records) the task never involves: nobody names them, no email it reads has them, no
+    call of the reference (``base``: as executed, its variables resolved) names them or a record it reads or writes
+    (a channel's members, an event's attendees), and not the user."""
+    steps = [st for turn in (base if base is not None else [t.steps for t in env.reference]) for st in turn]
+    said = " ".join([t.user for t in env.turns] + [str(st.args) for st in steps] + [str(e.args) for t in env.turns for e in t.events])
+    ids = {str(v) for st in steps for v in st.args.values() if isinstance(v, str)}
+    said = (said + " ".join(str(r) for recs in env.world.values() if isinstance(recs, dict)
+                            for rid, r in recs.items() if rid in ids)).lower()
+    me = env.world.get("_meta", {}).get("profile", {}).get("email")
+    return sorted((r for r in env.world.get("directory.people", {}).values() if isinstance(r, dict)
+                   and isinstance(r.get("email"), str) and isinstance(r.get("name"), str) and r["name"].split()
+                   and r["email"] != me and r["email"].lower() not in said and r["name"].lower() not in said),
+                  key=lambda r: r["email"])
+
+
+def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0,
+              base: list[list[Step]] | None = None) -> tuple[dict[str, Any], str] | None:
     """The step's message (or answer) with one careless mistake of ``kind`` and every value as it was: "placeholder"
     puts a template's "[Name]" where the greeting names its reader (or greets "[Name]" where it has no greeting);
     "relative_day" calls its first date "tomorrow" (or "today" where that date is tomorrow: the workspace's day is
     ``BASE_TIME``'s); "signature" signs an email or a comment with a colleague's first name instead of the user's
     (every other time their signature block); "copied" puts two colleagues the task never involves in a new email's
-    cc. A text written on a record (a task's notes, a document) takes the placeholder only ("Owner: [Name]" under it).
+    cc; "attached" says the text carries an attachment it does not ("Please find the details attached."); "told" says
+    a colleague the task never involves was told ("I've also let Priya Chen know."). A text written on a record (a task's notes, a document) takes the placeholder only ("Owner: [Name]" under it).
     None where the kind does not apply (no date; not a message that goes out under the user's name; no colleague)."""
     param = MESSAGE_TEXT.get(s.tool) or RECORD_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
@@ -441,19 +460,20 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0) -> tuple[
         return ({**s.args, param: head + word + " (" + text[at:end] + ")" + text[end:]},
                 f"{param} calls {d.group(0)} {word} (the workspace's day is {BASE_TIME.date().isoformat()})")
     if kind == "copied" and s.tool == "mail_send":
-        # two colleagues the task never involves in cc: nobody named them, no email it reads has them, no call names them
-        said = " ".join([t.user for t in env.turns] + [str(st.args) for t in env.reference for st in t.steps]
-                        + [str(e.args) for t in env.turns for e in t.events]).lower()
-        ids = {str(v) for t in env.reference for st in t.steps for k, v in st.args.items() if k == "message_id"}
-        said += " ".join(str(m) for mid, m in env.world.get("mail.messages", {}).items() if mid in ids).lower()
-        me = env.world.get("_meta", {}).get("profile", {}).get("email")
-        far = sorted(str(r["email"]) for r in env.world.get("directory.people", {}).values() if isinstance(r, dict)
-                     and isinstance(r.get("email"), str) and r["email"] != me and r["email"].lower() not in said
-                     and str(r.get("name") or "").lower() not in said)
+        far = [r["email"] for r in _uninvolved(env, base)]  # two colleagues the task never involves in cc
         if not far:
             return None
         cc = [far[(seed + i) % len(far)] for i in range(min(2, len(far)))]
         return {**s.args, "cc": sorted(set(s.args.get("cc") or []) | set(cc))}, f"also copies {', '.join(cc)}, whom the task never involves"
+    if kind == "told":  # a colleague the task never involves reported as told, by their full name (no namesake's)
+        far = _uninvolved(env, base)
+        if not far:
+            return None
+        line = f"I've also let {far[seed % len(far)]['name']} know."
+        return {**s.args, param: text.rstrip() + "\n\n" + line}, f"{param} says {far[seed % len(far)]['name']} was told, who got nothing ('{line}')"
+    if kind == "attached" and s.tool != "mail_forward" and not s.args.get("attachment_doc_ids"):
+        line = _ATTACHED[seed // len(CARELESS_KINDS) % len(_ATTACHED)]  # (a forward carries the original's attachments)
+        return {**s.args, param: text.rstrip() + "\n\n" + line}, f"{param} says it carries an attachment it does not ('{line}')"
     if kind == "signature" and s.tool in _SIGNED:
         me = env.world.get("_meta", {}).get("profile", {})
         mine = (str(me.get("name") or "").split() or [""])[0]
@@ -770,7 +790,7 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
     sites += [(ti, -1, Step(tool=ANSWER, args={"text": env.reference[ti].reply})) for ti in _asked(env, base)]
     sites += [(ti, si, s) for ti, si, s in effectful if s.tool in RECORD_TEXT]  # (a record's text, where nothing is sent)
     careless = next(((ti, si, s, e) for k in range(len(CARELESS_KINDS)) for ti, si, s in sites
-                     for e in [_careless(env, s, CARELESS_KINDS[(seed + k) % len(CARELESS_KINDS)], seed)] if e is not None), None)
+                     for e in [_careless(env, s, CARELESS_KINDS[(seed + k) % len(CARELESS_KINDS)], seed, base)] if e is not None), None)
     if careless is not None:
         ti, si, s, (args, what) = careless
         out.append(variant("careless_message", ti, si, s, args, what) if si >= 0 else

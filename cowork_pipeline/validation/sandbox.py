@@ -964,8 +964,8 @@ _TICK_S = 0.05  # repeat interval of the in-worker timer after the first expiry
 _CODE_CACHE_ENTRIES = 512  # compiled sources a worker keeps across batches
 _CODE_CACHE_CHARS = 2_000_000  # ... and their total size (bounded memory under RLIMIT_AS)
 _HEAD_CACHE_ENTRIES = 64  # checkers' helpers a worker keeps compiled (see ``compile_parts``)
-_SKELETON_MAX_CHARS = 40_000  # longer sources are compiled from text (scanning them costs more than it saves; the
-# embedded answer checkers, prelude included, are ~21,000)
+_SKELETON_MAX_CHARS = 50_000  # longer sources are compiled from text (scanning them costs more than it saves; the
+# longest embedded checkers, a moved meeting's emails with their prelude, are ~42,500)
 _WORKER_FLAG = "--cowork-sandbox-worker"
 _THIS_FILE = os.path.abspath(__file__)
 _NOBODY = 65534
