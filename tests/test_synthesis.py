@@ -833,6 +833,41 @@ def test_the_amount_listed_beside_another_fails(text, ok):
     assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok, text
 
 
+@pytest.mark.parametrize("text, ok", [
+    ("INV-1234 is corrected to 4830.00 USD.", True),
+    ("INV-1234 is corrected to 4830.00 USD. The total comes to 5313.00 USD.", False),
+    ("Quote: 5,313.00 USD. INV-1234 is corrected to 4830.00 USD.", False),
+    ("INV-1234 is corrected to 4830.00 USD ($5.31k with tax).", False),  # (any notation)
+    ("INV-1234 is corrected from 5800.00 USD to 4830.00 USD.", True),  # (the figure before, which the workspace gives)
+    ("INV-1234 is corrected to 4830.00 USD (4400.00 EUR).", True),  # (a conversion: another currency is not judged)
+    ("INV-1234 is corrected to 4830.00 USD, due 21.03., 15.00 UTC.", True),  # (a dotted day and time are no amounts)
+    ("INV-1234 (PO 5313) is corrected to 4830.00 USD, 15% less.", True),  # (a record's number, a percentage)
+])
+def test_a_message_that_gives_an_amount_nobody_gave_fails(text, ok):
+    """embedded-34: with ``amounts_allowed`` (its own amounts, their total and every figure the workspace and the
+    task's texts give), a message that also gives another amount of its currency fails: "The total comes to
+    5313.00 USD" after the right 4830.00 (a probe: 4 of 21 failed; a figure in a new email's subject, 0 of 3)."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "amounts": [4830], "currency": "USD",
+                                          "amounts_allowed": ["4830.00", "5800.00", "2026.00"]}))
+    assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok, text
+
+
+def test_the_amounts_a_message_may_give_are_the_workspace_s():
+    """embedded-34: ``amounts_allowed`` holds the item's amounts and their total, every number of the world's records
+    and every figure of the task's texts with cents or of 100 and more (a counter-offer, the amount before a
+    correction, another city's limit), not the user's profile."""
+    from cowork_pipeline.synthesis.embedded import amounts_given
+
+    spec = EmbeddedBackend().draft(CATALOG["quote_followup"], 0).spec
+    params = spec.facts["checks"]["quote_sent"]["params"]
+    allowed = set(params["amounts_allowed"])
+    assert allowed == amounts_given(spec) | {f"{float(a):.2f}" for a in params["amounts"]}
+    assert {f"{float(r['amount']):.2f}" for r in spec.world["crm.deals"].values()} <= allowed
+    told = " ".join(str(e.args) for t in spec.turns for e in t.events)  # (the buyer's answer: a counter-offer, by seed)
+    assert {f"{float(x):.2f}" for x in re.findall(r"\b\d+\.\d{2}\b", told)} <= allowed
+    assert not {"1.00", "3.00", "12.00"} & allowed  # (small counts and days are no amounts)
+
+
 @pytest.mark.parametrize("text, attached, ok", [
     ("INV-1234 is corrected to 4830.00 USD.", False, True),
     ("INV-1234 is corrected to 4830.00 USD. Please find the details attached.", False, False),
@@ -1564,18 +1599,35 @@ def test_planted_checkers_that_believe_a_colleague_was_told_are_caught(backend, 
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert all(d.detail["operator"] == "careless_message" and "was told" in d.message for d in cert.diagnostics), cert.diagnostics
 
+@pytest.mark.parametrize("cid", ["invoice_reconcile", "quote_followup", "deal_won_from_chat"])
+def test_planted_checkers_blind_to_a_second_amount_are_caught(validator, outcomes, cid):
+    """certify-22: a message checker that finds the right amount and reads no other (the embedded check without its
+    ``amounts_allowed`` line) lets "... The total comes to 5313.00 USD." through: the misstated-value mutant that
+    adds a second amount nothing in the workspace gives shows the gap in an email and a chat post; the embedded
+    check kills it."""
+    spec = certified_spec(outcomes, cid)
+    blind = with_codes_edited(spec, lambda code: re.sub(r"\n *if _stray_amounts\((?:_own_words\(m\)|m\[\"text\"\]|text), .*\n *continue", "", code))
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "misstated_value" and "gives a second amount" in d.message for d in cert.diagnostics), cert.diagnostics
+    [orig] = [o.final.certification for o in outcomes[cid] if o.accepted and o.final.draft.spec is spec]
+    assert [m["killed"] for m in orig.mutants if "second amount" in m["description"]] in ([True], [True, True])
+
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "travel_policy_question"])
 def test_planted_checkers_blind_to_listed_amounts_are_caught(validator, outcomes, cid):
     """certify-20: checkers that find every amount and fail an "or" between two (the embedded checks without
     ``_listed_amounts``) let "4830.00 / 5314.00 USD" through: the misstated-value mutant hedges a message's amounts
     with a slash for an odd seed and an answer's for an even one (an "or" otherwise), and shows the gap. (An overdue
-    answer's checks read each amount beside its record, which catches the slash without it.)"""
+    answer's checks read each amount beside its record, which catches the slash without it. Since embedded-34 the
+    guard against an amount nobody gave catches a listed one nobody gave too, so it is taken out as well: the
+    second-amount mutant of a message, certify-22, then survives beside the slash.)"""
     spec = certified_spec(outcomes, cid, lambda s: (s.seed % 2 == 1) == (cid == "invoice_reconcile"))
-    blind = with_codes_edited(spec, blind_helper("_listed_amounts"))
+    blind = with_codes_edited(spec, lambda code: blind_helper("_stray_amounts")(blind_helper("_listed_amounts")(code)))
     cert = validator.certify(planted(blind))
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert all(d.detail["operator"] == "misstated_value" and "hedges each amount" in d.message and " / " in d.message
-               for d in cert.diagnostics), cert.diagnostics
+    assert all(d.detail["operator"] == "misstated_value" for d in cert.diagnostics), cert.diagnostics
+    slashed = [d for d in cert.diagnostics if "hedges each amount" in d.message and " / " in d.message]
+    assert slashed and all(d in slashed or "gives a second amount" in d.message for d in cert.diagnostics), cert.diagnostics
 
 
 @pytest.mark.parametrize("cid", ["travel_policy_question", "ticket_service_credit"])
@@ -1735,7 +1787,8 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     """A confirmation checker that finds the amount as a number anywhere (any notation, the right invoice
     and no other): every other mutant fails, but the amount in another currency, the amount hedged
     between two figures, its digits as a record's number ("#4830", certify-15), the confirmation reporting the
-    correction as not done and the one denying or doubting it ("is not now corrected to 4830.00 USD", certify-19) pass it."""
+    correction as not done, the one denying or doubting it ("is not now corrected to 4830.00 USD", certify-19) and
+    the one giving a second amount ("The total comes to 5313.00 USD.", certify-22) pass it."""
     spec = certified_spec(outcomes, "invoice_reconcile")
     f = spec.facts
     number = spec.facts["checks"]["confirmation_sent"]["params"]["ids"]["right"][0]
@@ -1743,17 +1796,18 @@ def test_planted_number_only_amount_check_is_caught_by_misstated_values(validato
     cert = validator.certify(planted(with_item_code(spec, "confirmation_sent", code)))
     assert cert.reference_pass and cert.equivalent_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     # (and the careless one, certify-20: "Hi [Name]," or a colleague's name under it; this capability's reply has no date)
-    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["careless_message"] + ["misstated_value"] * 5
+    assert sorted(d.detail["operator"] for d in cert.diagnostics) == ["careless_message"] + ["misstated_value"] * 6
     assert {d.message.split("(", 1)[1].split(":")[0] for d in cert.diagnostics} == {"mail_reply in turn 0"}
     assert any("in EUR" in d.message for d in cert.diagnostics) and any("hedges" in d.message for d in cert.diagnostics)
     assert any("reports the work as not done" in d.message for d in cert.diagnostics)
     assert any(f"{'doubts' if spec.seed % 2 else 'denies'} what it states ('is {'probably' if spec.seed % 2 else 'not'}')" in d.message
                for d in cert.diagnostics)
     assert any("amounts as record numbers ('#" in d.message and "(PO " in d.message for d in cert.diagnostics)
-    # the embedded checker kills all five, and only it does
+    assert any("gives a second amount after its own ('The total comes to " in d.message for d in cert.diagnostics)
+    # the embedded checker kills all six, and only it does
     [orig] = [o.final.certification for o in outcomes["invoice_reconcile"] if o.accepted and o.final.draft.spec is spec]
     misstated = [m for m in orig.mutants if m["operator"] == "misstated_value" and m["description"].startswith("mail_reply")]
-    assert len(misstated) == 5 and all(m["failed_items"] == ["confirmation_sent"] for m in misstated)
+    assert len(misstated) == 6 and all(m["failed_items"] == ["confirmation_sent"] for m in misstated)
     # (and the invoice's note with another discount, certify-16, is the amount item's to kill)
     [noted] = [m for m in orig.mutants if m["operator"] == "misstated_value" and "note gives its figures" in m["description"]]
     assert noted["failed_items"] == ["invoice_amount"], noted
@@ -5245,17 +5299,60 @@ def op_amount_with_another_in_parentheses(spec, turns, ref):
 
 def ctl_amount_converted_in_parentheses(spec, turns, ref):
     """CONTROL: a message's or answer's first amount followed by the same sum in another currency in parentheses
-    ("4830.00 USD (4400.00 EUR)"), or by another amount with words saying what it is ("(5313.00 USD before the
-    correction)"). Must still pass."""
-    for other, how in (("EUR", "{v:.2f} EUR"), ("", "{v:.2f} {c} before the correction")):
-        def paren(t, how=how):
-            m = _FIRST_AMOUNT.search(t)
-            if not m or (other and m.group(2) == other):
+    ("4830.00 USD (4400.00 EUR)"), or by another amount the workspace gives with words saying what it is ("(5313.00
+    USD before the correction)"). Must still pass."""
+    given = sorted({float(r["amount"]) for recs in spec.world.values() if isinstance(recs, dict) for r in recs.values()
+                    if isinstance(r, dict) and isinstance(r.get("amount"), (int, float))})
+    def paren(t, other):
+        m = _FIRST_AMOUNT.search(t)
+        if not m or (other and m.group(2) == other):
+            return t
+        if other:
+            said = f"{float(m.group(1)) * 0.91:.2f} EUR"
+        else:
+            before = [v for v in given if abs(v - float(m.group(1))) > 0.005]
+            if not before:
                 return t
-            return t[:m.end()] + " (" + how.format(v=float(m.group(1)) * (0.91 if other else 1.1), c=m.group(2)) + ")" + t[m.end():]
-        prog = _retyped(spec, turns, paren, answers=True, subject=False)
+            said = f"{before[-1]:.2f} {m.group(2)} before the correction"
+        return t[:m.end()] + f" ({said})" + t[m.end():]
+    for other in ("EUR", ""):
+        prog = _retyped(spec, turns, lambda t, other=other: paren(t, other), answers=True, subject=False)
         if prog:
-            yield f"amount ({how})", prog
+            yield f"amount ({'in EUR' if other else 'another the workspace gives, before the correction'})", prog
+
+
+def op_subject_gives_another_value(spec, turns, ref):
+    """A new email's subject gives another amount, time or date than its body, each in turn ("Quote for the Hooli
+    rollout: 12155.00 USD" over a body that says 11050.00 USD)."""
+    for ti, si in _write_sites(turns):
+        tool, args, _ = turns[ti][si]
+        if tool != "mail_send" or not isinstance(args.get("subject"), str):
+            continue
+        body = args.get("body") or ""
+        a, t, d = _FIRST_AMOUNT.search(body), _CLOCK.search(body), _ISO_DAY.search(body)
+        for kind, extra in (("amount", a and f"{float(a.group(1)) * 1.1:.2f} {a.group(2)}"),
+                            ("time", t and f"{(int(t.group(1)) + 1) % 24:02d}:00 UTC"),
+                            ("date", d and f"{datetime.fromisoformat(d.group(0)) + timedelta(days=1):%Y-%m-%d}")):
+            if extra:
+                m = copy.deepcopy(turns)
+                m[ti][si][1]["subject"] = f"{args['subject']}: {extra}"
+                yield f"{tool} subject + {extra!r} ({kind})", _program(spec, m)
+
+
+def op_message_gives_a_second_amount(spec, turns, ref):
+    """A message or an answer with an amount that then gives another one of its currency, a tenth more, in a
+    sentence of its own ("... The total comes to 5313.00 USD."): the reader cannot tell which holds."""
+    def second(t):
+        m = _FIRST_AMOUNT.search(t)
+        return t if not m else t.rstrip() + f"\n\nThe total comes to {float(m.group(1)) * 1.1:.2f} {m.group(2)}."
+    for ti, si, k, text in _outgoing_texts(turns):
+        if second(text) != text:
+            m = copy.deepcopy(turns)
+            m[ti][si][1][k] = second(text)
+            yield f"{turns[ti][si][0]}.{k} + a second amount", _program(spec, m)
+    for ti, text in _answers(spec):
+        if second(text) != text:
+            yield f"answer {ti} + a second amount", _answered(spec, turns, ti, second(text))
 
 
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
@@ -5381,7 +5478,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "signature_block (control)": ctl_signature_block, "placeholder_in_a_record_text": op_placeholder_in_a_record_text,
              "amount_listed_with_another": op_amount_listed_with_another, "cc_every_colleague": op_cc_every_colleague,
              "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
-             "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator, "claims_a_colleague_was_told": op_claims_a_colleague_was_told, "says_who_was_told (control)": ctl_says_who_was_told, "claims_an_attachment": op_claims_an_attachment, "mentions_their_attachment (control)": ctl_mentions_their_attachment, "amount_with_another_in_parentheses": op_amount_with_another_in_parentheses, "amount_converted_in_parentheses (control)": ctl_amount_converted_in_parentheses}
+             "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator, "claims_a_colleague_was_told": op_claims_a_colleague_was_told, "says_who_was_told (control)": ctl_says_who_was_told, "claims_an_attachment": op_claims_an_attachment, "mentions_their_attachment (control)": ctl_mentions_their_attachment, "amount_with_another_in_parentheses": op_amount_with_another_in_parentheses, "amount_converted_in_parentheses (control)": ctl_amount_converted_in_parentheses, "subject_gives_another_value": op_subject_gives_another_value, "message_gives_a_second_amount": op_message_gives_a_second_amount}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

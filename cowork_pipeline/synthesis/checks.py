@@ -119,15 +119,18 @@ def _numbered(t, m):
     import re
     return "." not in m.group(0) and re.search("(?:^|[^0-9a-z])(?:po|no[.]|nr[.]?|ref[.]?|order|id|#)[ ]$", t[max(0, m.start() - 8):m.start()]) is not None
 
-def _stray_amounts(text, said):
+def _stray_amounts(text, said, currency=""):
     t = _money(_low(text))
     import re
     # every money figure (cents, or a currency beside it) must be one of ``said``; not a record's number
-    # ("inv-8350", "#8350"), a date's or a time's parts, a count or a percentage
+    # ("inv-8350", "#8350"), a date's or a time's parts, a count or a percentage. With ``currency``, a figure
+    # labelled with another currency only is not judged (a conversion: "4830.00 usd (4400.00 eur)")
     for m in re.finditer("(?<![0-9a-z#_.:/-])[0-9]+(?:[.][0-9]+)?(?![0-9]|[.][0-9]|[:/-][0-9])", t):
-        money = re.fullmatch("[0-9]+[.][0-9]{2}", m.group(0)) is not None or len(_currencies(t, m)) > 0
+        # (two digits and two without a currency beside them are a dotted day or time, "due 21.01.", "15.00 utc")
+        money = re.fullmatch("[0-9]{3,}[.][0-9]{2}", m.group(0)) is not None or len(_currencies(t, m)) > 0
         if money and not _numbered(t, m) and not any(abs(float(m.group(0)) - float(v)) <= 0.005 for v in said.split("|") if v):
-            return True
+            if not (currency and _currencies(t, m) and currency not in _currencies(t, m)) and t[m.end():m.end() + 1] != "%":
+                return True
     return False
 
 def _stray_figures(text, allowed):
@@ -1191,8 +1194,12 @@ def _message_tests(text: str, p: dict[str, Any], own: str = "") -> str:
     """The loop-body guards every message check runs on its text: what it says, what it must not name, no
     misstatement (in the sender's ``own`` words, the text by default: not what a reply quotes), its amounts and its
     date and time (and, with ``when_allowed``, no second date or time for the same thing in the sender's own words:
-    "moved to 11:00 UTC ... see you at 13:00 UTC"; see field_equals)."""
+    "moved to 11:00 UTC ... see you at 13:00 UTC"; see field_equals; with ``amounts_allowed``, no amount of its
+    currency that none of them is: "... The total comes to 5313.00 USD.")."""
     allowed = f"    if _stray_when({own or text}, {'|'.join(p['when_allowed'])!r}):\n        continue" if p.get("when_allowed") else ""
+    if p.get("amounts_allowed"):  # nor, in the sender's own words, an amount nobody gave ("the total comes to 5313.00 usd")
+        cur = f", {str(p['currency']).lower()!r}" if p.get("currency") else ""
+        allowed += f"\n    if _stray_amounts({own or text}, {'|'.join(p['amounts_allowed'])!r}{cur}):\n        continue"
     # (the denial and doubt guard last: it reads clauses, and a message that fails a cheaper guard needs no reading)
     return "\n".join([_says_test(text, p), _excludes_test(text, p), _misstates_test(own or text, p), _amounts_test(text, p), _when_test(text, p), allowed,
                       _undercuts_test(own or text, p)])

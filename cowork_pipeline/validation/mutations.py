@@ -100,7 +100,8 @@ def _copy(turns: list[list[Step]]) -> list[list[Step]]:
 # later turn or a later step is never crowded out by an earlier one.
 CAPS = {"missing_step": 8, "wrong_target": 8, "wrong_record": 8, "wrong_value": 8, "collateral_write": 2, "wrong_mention": 2,
         "misstated_value": 5, "misstated_note": 3, "second_when": 2, "empty_message": 3}
-# (misstated_note, second_when: misstated_value on notes on records, and a second time in a message about a meeting)
+# (misstated_note, second_when: misstated_value on notes on records, and a second time in a message about a meeting or
+# a second amount in any other)
 
 
 def _rotate(sites: list[tuple[int, int, Step]]) -> list[tuple[int, int, Step]]:
@@ -520,6 +521,24 @@ def _second_when(s: Step, known: str) -> tuple[dict[str, Any], str] | None:
     return ({**s.args, param: text.rstrip() + " " + said}, f"{param} gives a second time after its own ('{said}')") if said else None
 
 
+def _second_amount(s: Step, known: str) -> tuple[dict[str, Any], str] | None:
+    """The step's message with an amount, right in every value, then a second amount of its currency in a sentence
+    of its own, a tenth more (or more) and none ``known`` (the workspace's and the task's texts) gives: "... The
+    total comes to 5313.00 USD." A checker that only finds the right amount lets it through."""
+    param = MESSAGE_TEXT.get(s.tool)
+    text = s.args.get(param) if param else None
+    m = _MONEY.search(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    cur = re.match(r"\s?([A-Z]{3})\b", text[m.end():])
+    v = float(m.group(0))
+    other = next((f"{v * (1 + k / 10):.2f}" for k in range(1, 10) if f"{v * (1 + k / 10):.2f}" not in known), None)
+    if other is None:
+        return None
+    said = f"The total comes to {other}{' ' + cur.group(1) if cur else ''}."
+    return {**s.args, param: text.rstrip() + " " + said}, f"{param} gives a second amount after its own ('{said}')"
+
+
 # Texts the agent writes on a record for colleagues to read later (a deal's or an invoice's note, a task's notes).
 RECORD_TEXT = {"crm_update_deal": "note", "crm_update_invoice": "note", "tasks_create": "notes", "tasks_update": "notes",
                "calendar_create_event": "description", "calendar_update_event": "description",
@@ -776,10 +795,12 @@ def mutants(env: EnvironmentSpec, traj: Trajectory, seed: int = 0, base: list[li
                 for ti, si, s in noted]
     out.extend(_select(per_site, CAPS["misstated_note"]))
 
-    # a message about a meeting (the task calls the calendar) that gives a second time for it
+    # a message about a meeting (the task calls the calendar) that gives a second time for it; any other message
+    # with an amount, a second amount nothing in the workspace gives
     known = _meeting_texts(env, base)
-    per_site = [[variant("misstated_value", ti, si, s, *e)] if known is not None and (e := _second_when(s, known)) is not None else []
-                for ti, si, s in effectful]
+    figures = " ".join([_given(env), str({k: v for k, v in env.world.items() if k != "_meta"})]) if known is None else ""
+    per_site = [[variant("misstated_value", ti, si, s, *e)] if (e := _second_when(s, known) if known is not None else _second_amount(s, figures)) is not None
+                 else [] for ti, si, s in effectful]
     out.extend(_select(per_site, CAPS["second_when"]))
 
     per_site = [[variant("empty_message", ti, si, s, *e)] if (e := _emptied(s)) is not None else [] for ti, si, s in effectful]
