@@ -514,7 +514,7 @@ def _claims(text, ev, attached=False):
     # the sender's own words report work the episode did not do: an attachment the text does not carry ("please find
     # the details attached", "i've attached the document"), or someone told who got nothing from it ("i've also let
     # priya chen know", "i informed zoe"): a reader takes it as done. Told: anyone an email the agent sent went to, or
-    # on a record the agent added, changed or removed (an assignee, an attendee, a ticket's requester)
+    # on a record the agent's writes name (an assignee, an attendee, a channel's member, a ticket's requester)
     t = " ".join(_low(text).split())
     import re
     if not attached and ("attach" in t or "enclos" in t):
