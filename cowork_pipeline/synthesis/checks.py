@@ -547,7 +547,7 @@ def _claims(text, ev, attached=False):
                     told = told + str(e.get("args")) + str(e.get("result"))
             named_records = ""
             for name, recs in ev["final"].items():
-                for k, r in recs.items():
+                for k, r in (recs if isinstance(recs, dict) else {}).items():
                     if ("'" + str(k) + "'") in told:
                         named_records = named_records + str(r)
             for name, d in ev["diff"].items():
