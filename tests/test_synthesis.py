@@ -852,6 +852,41 @@ def test_a_message_that_gives_an_amount_nobody_gave_fails(text, ok):
     assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok, text
 
 
+@pytest.mark.parametrize("text, ok", [
+    ("INV-1234 is corrected to 4830.00 USD, due 2026-03-20.", True),
+    ("INV-1234 is corrected to 4830.00 USD. It is due on 2026-03-27.", False),
+    ("INV-1234 is corrected to 4830.00 USD, due March 27.", False),  # (in words, without the year)
+    ("INV-1234 is corrected to 4830.00 USD, due March 20, 2026.", True),
+    ("INV-1234 is corrected; your email of February 25 had 5313.00 USD. Due by Friday.", True),  # (a weekday alone is no day)
+    ("INV-1234 is corrected to 4830.00 USD. I will check again tomorrow (2026-03-03).", True),  # (the workspace's tomorrow)
+])
+def test_a_message_that_gives_a_day_nobody_gave_fails(text, ok):
+    """embedded-35: a message not about a meeting names no day that nothing in the workspace, the task's texts or the
+    reference's calls gives (``when_allowed``: those days, the workspace's today and tomorrow): "It is due on
+    2026-03-27." made up (a probe: 6 of 45 failed), as a message and as an email checked as a record."""
+    days = ["2026-02-25", "2026-03-02", "2026-03-03", "2026-03-20"]
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["INV-1234"], "when_allowed": days}))
+    rec = source(CheckSpec("record_created", {"collection": "mail.messages", "match": {"folder": "sent"}, "when_allowed": {"subject": days, "body": days}}))
+    assert _run_check(mail, _sent_evidence("Invoice INV-1234", text)) is ok, text
+    assert _run_check(rec, _sent_evidence("Invoice INV-1234", text)) is ok, text
+
+
+def test_the_days_a_message_may_name_are_the_workspace_s():
+    """embedded-35: the checks of messages not about a meeting (emails, chat posts, comments, answers) name the days of
+    the workspace's records, the task's texts and the reference's calls, and today and tomorrow; a meeting's keep its
+    own (its day and time, and the days the request gives)."""
+    from cowork_pipeline.synthesis.embedded import dates_given_anywhere
+
+    spec = EmbeddedBackend().draft(CATALOG["invoice_reconcile"], 0).spec
+    days = dates_given_anywhere(spec)
+    assert {"2026-03-02", "2026-03-03"} <= set(days) and days == sorted(set(days))
+    assert {r["due_date"] for r in spec.world["crm.invoices"].values()} <= set(days)
+    assert spec.facts["checks"]["confirmation_sent"]["params"]["when_allowed"] == days
+    meeting = EmbeddedBackend().draft(CATALOG["meeting_reschedule"], 0).spec
+    own = meeting.facts["checks"]["attendees_told"]["params"]["when_allowed"]
+    assert own != dates_given_anywhere(meeting) and any(":" in a for a in own)  # (the meeting's time among them)
+
+
 def test_the_amounts_a_message_may_give_are_the_workspace_s():
     """embedded-34: ``amounts_allowed`` holds the item's amounts and their total, every number of the world's records
     and every figure of the task's texts with cents or of 100 and more (a counter-offer, the amount before a
@@ -5355,6 +5390,42 @@ def op_message_gives_a_second_amount(spec, turns, ref):
             yield f"answer {ti} + a second amount", _answered(spec, turns, ti, second(text))
 
 
+def _days_said(spec, turns):
+    """The text of everything the workspace, the task and the reference's calls say (where a day could come from)."""
+    return str(spec.world) + " ".join(t.user for t in spec.turns) + str([e.args for t in spec.turns for e in t.events]) + str(turns)
+
+
+def op_message_gives_a_day_nobody_gave(spec, turns, ref):
+    """Each message and answer of a task not about a meeting, one at a time, adds a day nothing in the workspace or
+    the task gives ("It is due on 2026-03-27."): a deadline made up."""
+    if any(st[0].startswith("calendar_") for t in turns for st in t):
+        return  # (a meeting's messages are held to its day and time: second_time ops)
+    said = _days_said(spec, turns)
+    day = next(f"2026-03-{d:02d}" for d in range(27, 10, -1) if f"2026-03-{d:02d}" not in said)
+    for ti, si, k, text in _outgoing_texts(turns):
+        m = copy.deepcopy(turns)
+        m[ti][si][1][k] = text.rstrip() + f" It is due on {day}."
+        yield f"{turns[ti][si][0]}.{k} + due {day}", _program(spec, m)
+    for ti, text in _answers(spec):
+        yield f"answer {ti} + due {day}", _answered(spec, turns, ti, text.rstrip() + f" It is due on {day}.")
+
+
+def ctl_names_a_day_the_workspace_gives(spec, turns, ref):
+    """CONTROL: every message and answer of a task not about a meeting thanks for an email of the day it came, in
+    words ("Thanks for your note of February 25."): a day the workspace gives. Must still pass. (A message about a
+    meeting names no day but the meeting's and those the request gives: see message_gives_a_second_time.)"""
+    if any(st[0].startswith("calendar_") for t in turns for st in t):
+        return
+    days = sorted(str(m.get("date", ""))[:10] for m in spec.world.get("mail.messages", {}).values() if isinstance(m, dict) and m.get("date"))
+    if not days:
+        return
+    when = datetime.fromisoformat(days[0])
+    line = f"Thanks for your note of {when:%B} {when.day}."
+    prog = _retyped(spec, turns, lambda t: f"{t}\n\n{line}", answers=True, subject=False)
+    if prog:
+        yield f"messages + {line!r}", prog
+
+
 AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_cent": op_amount_off_by_a_cent,
              "near_duplicate_record": op_near_duplicate_record, "repeat_with_a_wrong_value": op_repeat_with_a_wrong_value,
              "cc_someone_else": op_cc_someone_else, "collateral_field_write": op_collateral_field_write,
@@ -5478,7 +5549,7 @@ AUDIT_OPS = {"recipients_swap_drop": op_recipients_swap_drop, "amount_off_by_a_c
              "signature_block (control)": ctl_signature_block, "placeholder_in_a_record_text": op_placeholder_in_a_record_text,
              "amount_listed_with_another": op_amount_listed_with_another, "cc_every_colleague": op_cc_every_colleague,
              "signed_in_full_or_thanking_the_reader (control)": ctl_signed_in_full_or_thanking_the_reader, "reason_given_first (control)": ctl_reason_given_first, "may_and_about_that_doubt_nothing (control)": ctl_may_and_about_that_doubt_nothing,
-             "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator, "claims_a_colleague_was_told": op_claims_a_colleague_was_told, "says_who_was_told (control)": ctl_says_who_was_told, "claims_an_attachment": op_claims_an_attachment, "mentions_their_attachment (control)": ctl_mentions_their_attachment, "amount_with_another_in_parentheses": op_amount_with_another_in_parentheses, "amount_converted_in_parentheses (control)": ctl_amount_converted_in_parentheses, "subject_gives_another_value": op_subject_gives_another_value, "message_gives_a_second_amount": op_message_gives_a_second_amount}
+             "reply_quotes_the_original_below_a_separator (control)": ctl_reply_quotes_the_original_below_a_separator, "claims_a_colleague_was_told": op_claims_a_colleague_was_told, "says_who_was_told (control)": ctl_says_who_was_told, "claims_an_attachment": op_claims_an_attachment, "mentions_their_attachment (control)": ctl_mentions_their_attachment, "amount_with_another_in_parentheses": op_amount_with_another_in_parentheses, "amount_converted_in_parentheses (control)": ctl_amount_converted_in_parentheses, "subject_gives_another_value": op_subject_gives_another_value, "message_gives_a_second_amount": op_message_gives_a_second_amount, "message_gives_a_day_nobody_gave": op_message_gives_a_day_nobody_gave, "names_a_day_the_workspace_gives (control)": ctl_names_a_day_the_workspace_gives}
 CONTROLS = {op for op in AUDIT_OPS if op.endswith("(control)")}
 
 

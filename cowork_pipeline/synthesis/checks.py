@@ -1355,6 +1355,8 @@ def _comment_added(p: dict[str, Any], strict: bool) -> str:
     denies = _undercuts_cond("c['body']", p)
     if denies:  # nor denies or doubts what it must say ("Marcus Rao, who will not get back to you")
         unless += " and not " + denies
+    if p.get("when_allowed"):  # nor names a day nothing gave (see _message_tests)
+        unless += f" and not _stray_when(c['body'], {'|'.join(p['when_allowed'])!r})"
     if p.get("percentages") is not None:  # it quotes no percentage but these (no promise of a figure nobody gave)
         unless += f" and not _other_percent(c['body'], {'|'.join(str(x) for x in p['percentages'])!r})"
     for group in p.get("says") or []:  # each fact in one of its phrasings, at word edges (as in _says_test; figures spelled out too)
