@@ -1634,6 +1634,22 @@ def test_planted_checkers_that_believe_a_colleague_was_told_are_caught(backend, 
     assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
     assert all(d.detail["operator"] == "careless_message" and "was told" in d.message for d in cert.diagnostics), cert.diagnostics
 
+@pytest.mark.parametrize("cid", ["invoice_reconcile", "ticket_duplicate_close", "travel_policy_question"])
+def test_planted_checkers_blind_to_a_made_up_day_are_caught(backend, validator, cid):
+    """certify-23: checkers that read every value of a message or an answer and no other day (the embedded checks
+    without their ``when_allowed`` line) let "It is due on 2026-03-27." through, a day nothing gave: the
+    careless_message mutant of that kind (seed 6, the seventh kind) shows the gap in an email, a comment and an
+    answer; the embedded check kills it."""
+    [o] = synthesize(backend, validator, CATALOG[cid], [6])
+    assert o.accepted
+    spec = o.final.draft.spec
+    made_up = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
+    assert len(made_up) == 1 and "gives a day nothing gave" in made_up[0]["description"] and made_up[0]["killed"], made_up
+    blind = with_codes_edited(spec, blind_helper("_stray_when"))
+    cert = validator.certify(planted(blind))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "careless_message" and "nothing gave" in d.message for d in cert.diagnostics), cert.diagnostics
+
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "quote_followup", "deal_won_from_chat"])
 def test_planted_checkers_blind_to_a_second_amount_are_caught(validator, outcomes, cid):
     """certify-22: a message checker that finds the right amount and reads no other (the embedded check without its
@@ -1708,12 +1724,13 @@ def test_a_figure_for_another_period_changes_only_its_period(text, want):
     ("signature", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nAlex Morgan", "Hi Grace, INV-1234 is corrected.\n\nBest regards,\nTomás"),
     ("attached", "INV-1234 is corrected.", "INV-1234 is corrected.\n\nPlease find the details attached."),
     ("told", "INV-1234 is corrected.", "INV-1234 is corrected.\n\nI've also let Grace Kim know."),
+    ("made_up_day", "INV-1234 is corrected, due 2026-03-27.", "INV-1234 is corrected, due 2026-03-27. It is due on 2026-03-26."),
 ])
 def test_a_careless_message_keeps_every_value_and_makes_one_mistake(kind, text, want):
-    """certify-20/21: the careless_message operator's kinds, on an email from Alex (colleagues Grace and Tomás):
+    """certify-20/21/23: the careless_message operator's kinds, on an email from Alex (colleagues Grace and Tomás):
     the relative day is wrong for the workspace's day (2026-03-02: "tomorrow" unless the date is 2026-03-03), the
     colleague's name is one the message does not already give, the colleague told is one the task never involves,
-    and a kind that does not fit gives nothing (an attachment claimed on a forward or an email that carries one)."""
+    the made-up day is one nothing gives (the message's own 2026-03-27 is taken), and a kind that does not fit gives nothing (an attachment claimed on a forward or an email that carries one)."""
     from types import SimpleNamespace
 
     from cowork_pipeline.validation.mutations import _careless

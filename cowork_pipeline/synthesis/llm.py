@@ -98,7 +98,7 @@ def load_template(name: str) -> PromptTemplate:
     return tpl
 
 
-def example_document(version: str = "v22") -> dict[str, Any]:
+def example_document(version: str = "v23") -> dict[str, Any]:
     """The example environment embedded in the generate template (tests certify it)."""
     m = _JSON_FENCE.search(load_template(f"generate_{version}").text)
     if m is None:
@@ -327,7 +327,7 @@ class LLMBackend:
     version = BACKEND_VERSION
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, temperature: float = 0.2,
-                 timeout_s: float = 120, max_retries: int = 2, prompt_version: str = "v22", *,
+                 timeout_s: float = 120, max_retries: int = 2, prompt_version: str = "v23", *,
                  backoff_s: float = 1.0, max_backoff_s: float = 20.0, max_tokens: int | None = None,
                  json_mode: bool = True, concurrency: int = 8, cache_dir: str | Path | None = None):
         if int(concurrency) < 1:

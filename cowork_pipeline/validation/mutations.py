@@ -403,7 +403,7 @@ def _misstatements(s: Step, doubt: bool = False, listed: bool = False) -> list[t
 _GREETING = re.compile(r"^(Hi|Hello|Hey|Dear|Thanks|Thank you|Good morning|Good afternoon)( +)([A-Za-z][\w'-]*)")
 _SIGNED = ("mail_send", "mail_reply", "mail_forward", "helpdesk_add_comment")  # (what goes out under the user's name)
 _CLOSING = re.compile(r"(?i:best|regards|cheers|sincerely)[!.,]?\s+(([A-Z][\w'-]*)(?: [A-Z][\w'-]*)?)\W*$")  # (the closings a grader reads)
-CARELESS_KINDS = ("placeholder", "relative_day", "signature", "copied", "attached", "told")
+CARELESS_KINDS = ("placeholder", "relative_day", "signature", "copied", "attached", "told", "made_up_day")
 _ATTACHED = ("Please find the details attached.", "I've attached the document for reference.")
 
 
@@ -431,7 +431,8 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0,
     ``BASE_TIME``'s); "signature" signs an email or a comment with a colleague's first name instead of the user's
     (every other time their signature block); "copied" puts two colleagues the task never involves in a new email's
     cc; "attached" says the text carries an attachment it does not ("Please find the details attached."); "told" says
-    a colleague the task never involves was told ("I've also let Priya Chen know."). A text written on a record (a task's notes, a document) takes the placeholder only ("Owner: [Name]" under it).
+    a colleague the task never involves was told ("I've also let Priya Chen know."); "made_up_day" gives a due date
+    nothing in the workspace, the task or the reference's calls gives ("It is due on 2026-03-27."). A text written on a record (a task's notes, a document) takes the placeholder only ("Owner: [Name]" under it).
     None where the kind does not apply (no date; not a message that goes out under the user's name; no colleague)."""
     param = MESSAGE_TEXT.get(s.tool) or RECORD_TEXT.get(s.tool)
     text = s.args.get(param) if param else None
@@ -472,6 +473,15 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0,
             return None
         line = f"I've also let {far[seed % len(far)]['name']} know."
         return {**s.args, param: text.rstrip() + "\n\n" + line}, f"{param} says {far[seed % len(far)]['name']} was told, who got nothing ('{line}')"
+    if kind == "made_up_day":  # a deadline nothing in the workspace, the task or its calls gives
+        steps = [st for turn in (base if base is not None else [t.steps for t in env.reference]) for st in turn]
+        said = " ".join([str(env.world), text] + [t.user for t in env.turns] + [str(e.args) for t in env.turns for e in t.events]
+                        + [str(st.args) for st in steps])
+        day = next((f"{BASE_TIME.date() + timedelta(days=d):%Y-%m-%d}" for d in range(25, 2, -1)
+                    if f"{BASE_TIME.date() + timedelta(days=d):%Y-%m-%d}" not in said), None)
+        if day is None:
+            return None
+        return {**s.args, param: text.rstrip() + f" It is due on {day}."}, f"{param} gives a day nothing gave ('It is due on {day}.')"
     if kind == "attached" and s.tool != "mail_forward" and not s.args.get("attachment_doc_ids"):
         line = _ATTACHED[seed // len(CARELESS_KINDS) % len(_ATTACHED)]  # (a forward carries the original's attachments)
         return {**s.args, param: text.rstrip() + "\n\n" + line}, f"{param} says it carries an attachment it does not ('{line}')"
