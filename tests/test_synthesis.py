@@ -1603,19 +1603,25 @@ def test_planted_checkers_blind_to_a_careless_message_are_caught(validator, outc
     assert all(d.detail["operator"] == "careless_message" and kind in d.message for d in cert.diagnostics), cert.diagnostics
 
 
+def _careless_kind_caught(backend, validator, cid: str, seed: int, said: str, edit: Callable[[str], str]) -> None:
+    """``cid``'s environment of ``seed`` certifies with one careless_message mutant, of the kind whose description
+    has ``said``, killed; with every checker passed through ``edit`` (its guard taken out) that mutant, and only it,
+    survives (``mutation_survived``)."""
+    [o] = synthesize(backend, validator, CATALOG[cid], [seed])
+    assert o.accepted
+    careless = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
+    assert len(careless) == 1 and said in careless[0]["description"] and careless[0]["killed"], careless
+    cert = validator.certify(planted(with_codes_edited(o.final.draft.spec, edit)))
+    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
+    assert all(d.detail["operator"] == "careless_message" and said in d.message for d in cert.diagnostics), cert.diagnostics
+
+
 def test_planted_email_checker_blind_to_copies_is_caught(backend, validator):
     """certify-20: an email checker that finds its recipients among the message's and reads no others (the embedded
     check without its ``cc_ok`` line) lets a copy to two colleagues the task never involves through: the
     careless_message mutant of that kind (seed 3, the fourth kind) shows the gap; the embedded check kills it."""
-    [o] = synthesize(backend, validator, CATALOG["quote_followup"], [3])
-    assert o.accepted
-    spec = o.final.draft.spec
-    copied = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
-    assert len(copied) == 1 and "also copies" in copied[0]["description"] and copied[0]["killed"], copied
-    blind = with_codes_edited(spec, lambda code: re.sub(r"\n *if any\(a not in want_to and a not in .*\n *continue", "", code))
-    cert = validator.certify(planted(blind))
-    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert all(d.detail["operator"] == "careless_message" and "also copies" in d.message for d in cert.diagnostics), cert.diagnostics
+    _careless_kind_caught(backend, validator, "quote_followup", 3, "also copies",
+                          lambda code: re.sub(r"\n *if any\(a not in want_to and a not in .*\n *continue", "", code))
 
 
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "overdue_invoices_question", "travel_policy_question", "calendar_cancel_notify"])
@@ -1624,15 +1630,8 @@ def test_planted_checkers_that_believe_a_colleague_was_told_are_caught(backend, 
     "I've also let Priya Chen know." through, for a colleague the task never involves (the embedded checks without
     ``_claims``): the careless_message mutant of that kind (seed 5, the sixth kind) shows the gap in an email, an
     answer and a chat post whose channel's members are told; the embedded check kills it."""
-    [o] = synthesize(backend, validator, CATALOG[cid], [5])
-    assert o.accepted
-    spec = o.final.draft.spec
-    told = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
-    assert len(told) == 1 and "was told, who got nothing" in told[0]["description"] and told[0]["killed"], told
-    blind = with_codes_edited(spec, blind_helper("_claims"))
-    cert = validator.certify(planted(blind))
-    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert all(d.detail["operator"] == "careless_message" and "was told" in d.message for d in cert.diagnostics), cert.diagnostics
+    _careless_kind_caught(backend, validator, cid, 5, "was told, who got nothing", blind_helper("_claims"))
+
 
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "ticket_duplicate_close", "travel_policy_question"])
 def test_planted_checkers_blind_to_a_made_up_day_are_caught(backend, validator, cid):
@@ -1640,15 +1639,8 @@ def test_planted_checkers_blind_to_a_made_up_day_are_caught(backend, validator, 
     without their ``when_allowed`` line) let "It is due on 2026-03-27." through, a day nothing gave: the
     careless_message mutant of that kind (seed 6, the seventh kind) shows the gap in an email, a comment and an
     answer; the embedded check kills it."""
-    [o] = synthesize(backend, validator, CATALOG[cid], [6])
-    assert o.accepted
-    spec = o.final.draft.spec
-    made_up = [m for m in o.final.certification.mutants if m["operator"] == "careless_message"]
-    assert len(made_up) == 1 and "gives a day nothing gave" in made_up[0]["description"] and made_up[0]["killed"], made_up
-    blind = with_codes_edited(spec, blind_helper("_stray_when"))
-    cert = validator.certify(planted(blind))
-    assert cert.reference_pass and not cert.certified and codes(cert) == {"mutation_survived"}, cert.diagnostics
-    assert all(d.detail["operator"] == "careless_message" and "nothing gave" in d.message for d in cert.diagnostics), cert.diagnostics
+    _careless_kind_caught(backend, validator, cid, 6, "gives a day nothing gave", blind_helper("_stray_when"))
+
 
 @pytest.mark.parametrize("cid", ["invoice_reconcile", "quote_followup", "deal_won_from_chat"])
 def test_planted_checkers_blind_to_a_second_amount_are_caught(validator, outcomes, cid):
