@@ -407,12 +407,17 @@ CARELESS_KINDS = ("placeholder", "relative_day", "signature", "copied", "attache
 _ATTACHED = ("Please find the details attached.", "I've attached the document for reference.")
 
 
+def _reference_steps(env: EnvironmentSpec, base: list[list[Step]] | None) -> list[Step]:
+    """The reference's calls, as executed (``base``: variables resolved) where given, else as written."""
+    return [st for turn in (base if base is not None else [t.steps for t in env.reference]) for st in turn]
+
+
 def _uninvolved(env: EnvironmentSpec, base: list[list[Step]] | None = None) -> list[dict[str, Any]]:
     """The colleagues (directory records) the task never involves: nobody names them, no email it reads has them, no
     call of the reference (``base``: as executed, its variables resolved) names them or a record it reads or writes
     (a channel's members, an event's attendees), and not the user."""
-    steps = [st for turn in (base if base is not None else [t.steps for t in env.reference]) for st in turn]
-    said = " ".join([t.user for t in env.turns] + [str(st.args) for st in steps] + [str(e.args) for t in env.turns for e in t.events])
+    steps = _reference_steps(env, base)
+    said = " ".join([_given(env)] + [str(st.args) for st in steps])
     ids = {str(v) for st in steps for v in st.args.values() if isinstance(v, str)}
     said = (said + " ".join(str(r) for recs in env.world.values() if isinstance(recs, dict)
                             for rid, r in recs.items() if rid in ids)).lower()
@@ -474,9 +479,7 @@ def _careless(env: EnvironmentSpec, s: Step, kind: str, seed: int = 0,
         line = f"I've also let {far[seed % len(far)]['name']} know."
         return {**s.args, param: text.rstrip() + "\n\n" + line}, f"{param} says {far[seed % len(far)]['name']} was told, who got nothing ('{line}')"
     if kind == "made_up_day":  # a deadline nothing in the workspace, the task or its calls gives
-        steps = [st for turn in (base if base is not None else [t.steps for t in env.reference]) for st in turn]
-        said = " ".join([str(env.world), text] + [t.user for t in env.turns] + [str(e.args) for t in env.turns for e in t.events]
-                        + [str(st.args) for st in steps])
+        said = " ".join([str(env.world), text, _given(env)] + [str(st.args) for st in _reference_steps(env, base)])
         day = next((f"{BASE_TIME.date() + timedelta(days=d):%Y-%m-%d}" for d in range(25, 2, -1)
                     if f"{BASE_TIME.date() + timedelta(days=d):%Y-%m-%d}" not in said), None)
         if day is None:
