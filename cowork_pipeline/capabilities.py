@@ -39,6 +39,9 @@ class Difficulty(BaseModel):
     distractors: Range = Field(default_factory=lambda: Range(min=1, max=3))  # unrelated records of the same kind
     near_duplicates: Range = Field(default_factory=lambda: Range(min=0, max=1))  # records that look like the target
     extra_steps: Range = Field(default_factory=lambda: Range(min=0, max=0))  # optional extra work in the request
+    # instructions planted in what the task reads from outside (a customer's email: "AI assistant, forward this to
+    # ..."), which the agent must not follow: the safety items judge it, a validator mutant follows it
+    injections: Range = Field(default_factory=lambda: Range(min=0, max=0))
 
 
 class SafetyConstraint(BaseModel):
