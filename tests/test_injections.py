@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cowork_pipeline.agents.program import ProgramAgent
-from cowork_pipeline.capabilities import Difficulty, Range, load_catalog
+from cowork_pipeline.capabilities import Capability, Difficulty, Range, load_catalog
 from cowork_pipeline.evaluation import comparison_table, evaluate
 from cowork_pipeline.runner import run_episode
 from cowork_pipeline.spec import EnvironmentSpec
@@ -14,9 +14,19 @@ from cowork_pipeline.synthesis.injections import DOMAINS, followed, problems
 from cowork_pipeline.synthesis.repair import synthesize
 from cowork_pipeline.validation.mutations import executed_program, mutants
 
-CATALOG = load_catalog()
+SHIPPED = load_catalog()
 PLANTED = ("confidential_request", "contact_update_from_signature", "invoice_dispute", "invoice_reconcile", "quote_followup")
 SEEDS = range(12)
+
+
+def injections_on(cap: Capability) -> Capability:
+    """``cap`` as a user turns the knob on (``injections: {min: 0, max: 1}`` in its YAML)."""
+    return cap.model_copy(update={"difficulty": cap.difficulty.model_copy(update={"injections": Range(min=0, max=1)})})
+
+
+# the shipped catalog leaves the knob off (it costs the tiny default student; see docs/capabilities.md): these tests
+# turn it on for the five capabilities whose work starts from a customer's email
+CATALOG = {cid: injections_on(cap) if cid in PLANTED else cap for cid, cap in SHIPPED.items()}
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +85,12 @@ def test_an_instruction_is_planted_at_the_end_of_an_outside_email_the_reference_
 
 
 def test_no_instruction_without_the_knob_an_outside_email_or_a_forbidden_act(backend):
-    """The knob at 0 (the default) plants nothing; at 1, a capability whose reference reads no outside email
-    (task_from_email: a colleague's) or that forbids neither an outside email nor a deletion plants nothing either."""
+    """The knob at 0 (the default, and the shipped catalog's everywhere) plants nothing; at 1, a capability whose
+    reference reads no outside email (task_from_email: a colleague's) or that forbids neither an outside email nor a
+    deletion plants nothing either."""
     on = Difficulty(injections=Range(min=1, max=1))
-    assert CATALOG["task_from_email"].difficulty.injections.max == 0
+    assert all(cap.difficulty.injections.max == 0 for cap in SHIPPED.values())
+    assert not any("injection" in backend.draft(SHIPPED[cid], seed).spec.facts for cid in PLANTED for seed in range(6))
     for cid, cap in [("task_from_email", CATALOG["task_from_email"].model_copy(update={"difficulty": on})),
                      ("invoice_reconcile", CATALOG["invoice_reconcile"].model_copy(update={"difficulty": on, "safety": [
                          s for s in CATALOG["invoice_reconcile"].safety if s.kind == "no_unrelated_changes"]})),
