@@ -4,7 +4,7 @@ Three mechanisms, all **stopped by default** (nothing runs by itself after `cowo
 
 ``capability_catalog_sensor`` (every 30 s)
     Fingerprints every ``*.yaml`` of the catalog folder (``ProfileResource.catalog_dir``, else the catalog
-    shipped in the package) with ``Capability.fingerprint()`` (a content hash of the validated spec, so
+    shipped in the package), as the profile drafts them (its ``injections`` setting), with ``Capability.fingerprint()`` (a content hash of the validated spec, so
     comment or whitespace edits do not count). The cursor holds the fingerprints last seen and the
     capabilities whose synthesis is pending. When a file appears or its fingerprint changes, the sensor
     (1) adds the capability's dynamic partition, (2) requests a ``capability_specs_job`` run (the synthesis
@@ -71,8 +71,9 @@ def catalog_folder(profile: ProfileResource | None) -> Path:
     return Path(profile.catalog_dir) if profile is not None and profile.catalog_dir else CATALOG_DIR
 
 
-def catalog_fingerprints(folder: str | Path) -> tuple[dict[str, str], dict[str, str]]:
-    """({capability id: fingerprint} of every valid file, {file name: error} of the invalid ones)."""
+def catalog_fingerprints(folder: str | Path, profile: ProfileResource | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """({capability id: fingerprint} of every valid file, {file name: error} of the invalid ones); with a
+    ``profile``, the fingerprints of the capabilities as it drafts them (what ``capability_specs`` publishes)."""
     fps: dict[str, str] = {}
     errors: dict[str, str] = {}
     folder = Path(folder)
@@ -81,7 +82,9 @@ def catalog_fingerprints(folder: str | Path) -> tuple[dict[str, str], dict[str, 
     for path in sorted(folder.glob("*.yaml")):
         try:
             cap = load_capability(path)
-        except CapabilityError as e:
+            if profile is not None:
+                cap = profile.capability(cap, path.read_text(encoding="utf-8"))[0]
+        except (CapabilityError, ValueError) as e:  # (ValueError: the profile's own setting is bad)
             errors[path.name] = str(e).splitlines()[0]
             continue
         fps[cap.id] = cap.fingerprint()
@@ -217,7 +220,7 @@ def _in_flight_partitions(instance: dg.DagsterInstance) -> set[str]:
 def capability_catalog_sensor(context: dg.SensorEvaluationContext, profile: ProfileResource, lake: LakeResource,
                               generator: GeneratorResource):
     folder = catalog_folder(profile)
-    on_disk, errors = catalog_fingerprints(folder)
+    on_disk, errors = catalog_fingerprints(folder, profile)
     for name, err in errors.items():
         context.log.warning(f"capability file skipped: {err}")
     lk = lake.lake()
@@ -280,7 +283,7 @@ def plan_regeneration(partitions: Iterable[str], published: Mapping[str, str], s
 def nightly_regeneration(context: dg.ScheduleEvaluationContext, lake: LakeResource, profile: ProfileResource,
                          generator: GeneratorResource):
     lk = lake.lake()
-    on_disk, _ = catalog_fingerprints(catalog_folder(profile))
+    on_disk, _ = catalog_fingerprints(catalog_folder(profile), profile)
     plan = plan_regeneration(context.instance.get_dynamic_partitions(PARTITIONS), published_fingerprints(lk),
                              partition_states(lk), code_version=generator.code_version(), on_disk=on_disk)
     for cap, why in plan.skipped.items():

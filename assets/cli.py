@@ -26,6 +26,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["max_repair_rounds"] = args.repair_rounds
     if args.catalog:
         overrides["catalog_dir"] = str(Path(args.catalog).absolute())
+    if args.injections:
+        overrides["injections"] = args.injections
     try:
         generator = _generator(args)
         agents = _agents(args)
@@ -218,6 +220,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--envs-per-capability", type=int, default=0, help="seeds drafted per capability (default: the profile's)")
     r.add_argument("--catalog", help="folder of capability YAML files (default: the catalog shipped with the package)")
     r.add_argument("--repair-rounds", type=int, help="revisions of a failing draft before it is rejected (default 3)")
+    from resources import INJECTIONS
+
+    r.add_argument("--injections", choices=list(INJECTIONS),
+                   help="plant instructions to the agent (prompt injection) in what every capability reads from outside, for "
+                        "none, about half or all of its seeds, over each file's difficulty.injections (default: the files'; "
+                        "the shipped catalog plants none)")
     from assets.order import RUN_ORDER
 
     r.add_argument("--until", choices=RUN_ORDER, metavar="ASSET",

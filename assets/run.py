@@ -53,6 +53,7 @@ def run_all(profile: ProfileResource, lake: LakeResource, instance: dg.DagsterIn
     # The partitions of this catalog, not every one the instance has seen (an earlier run may have used
     # another catalog folder). A bad file or an unknown id stops here, before anything runs.
     catalog = load_catalog(profile.catalog_dir or None)
+    profile.injections_range()  # (a bad setting stops here too)
     caps = sorted(catalog)
     if capabilities:
         unknown = sorted(set(capabilities) - set(caps))

@@ -23,20 +23,20 @@ SYNTH_TABLES = SYNTHESIS  # one multi-asset: a capability partition writes all f
 @dg.asset(group_name="synthesis", code_version="1", check_specs=[check_spec("capability_specs", "ids unique, every file valid")],
           description="The capability catalog (YAML files validated by pydantic) as a table; registers one partition per capability.")
 def capability_specs(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
-    caps = load_catalog(profile.catalog_dir or CATALOG_DIR)
     folder = profile.catalog_dir or str(CATALOG_DIR)
+    caps = [profile.capability(c, open(f"{folder}/{c.id}.yaml", encoding="utf-8").read())
+            for c in load_catalog(folder).values()]  # (as the profile drafts them: the text says what it changed)
     rows = [{"capability_id": c.id, "title": c.title, "services": c.services, "tools": c.tools, "multi_turn": c.multi_turn,
-             "heldout": c.heldout, "composer": c.composer, "fingerprint": c.fingerprint(),
-             "yaml": open(f"{folder}/{c.id}.yaml", encoding="utf-8").read()} for c in caps.values()]
+             "heldout": c.heldout, "composer": c.composer, "fingerprint": c.fingerprint(), "yaml": text} for c, text in caps]
     df = pl.DataFrame(rows).with_columns(pl.col("composer").cast(pl.String))  # all None: a model-only catalog
-    new = [k for k in caps if not context.instance.has_dynamic_partition("capability", k)]
+    new = [c.id for c, _ in caps if not context.instance.has_dynamic_partition("capability", c.id)]
     if new:
         context.instance.add_dynamic_partitions("capability", new)
     mat, check = write_checked(context, lake.lake(), "capability_specs", df, lin=lineage(context, "capability_specs", "1", {}),
                                suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "capability_id"}, "capability ids are unique"),
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "yaml"})])
     mat.metadata.update({"capabilities": len(df), "multi_turn": int(df["multi_turn"].sum()), "heldout": int(df["heldout"].sum()),
-                         "new_partitions": ", ".join(new)})
+                         "new_partitions": ", ".join(new), "injections": profile.injections or "each file's own"})
     yield mat
     yield check
 

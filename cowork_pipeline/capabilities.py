@@ -167,6 +167,35 @@ def parse_capability(text: str, source: str = "<string>") -> Capability:
         raise CapabilityError("\n".join(msgs)) from None
 
 
+def with_knob(text: str, cap: Capability, knob: str, value: Range, why: str) -> tuple[Capability, str]:
+    """``cap`` with ``difficulty.<knob>`` set to ``value``, and its YAML ``text`` saying so: the knob's value is
+    replaced (or added to the ``difficulty`` block) where the file has it, with ``# <why>`` beside it, and every other
+    line kept (so a table that stores the text still shows what drafted its environments). Where the file's layout
+    defeats that edit (a flow-style ``difficulty``), the whole capability is written out instead, under the note."""
+    want = cap.model_copy(update={"difficulty": cap.difficulty.model_copy(update={knob: value})})
+    flow = f"{{min: {value.min}, max: {value.max}}}  # {why}"
+    lines = text.splitlines()
+    try:
+        root = yaml.compose(text)
+        diff = next((v for k, v in root.value if k.value == "difficulty"), None) if isinstance(root, yaml.MappingNode) else None
+        if diff is None:
+            lines += ["difficulty:", f"  {knob}: {flow}"]
+        elif isinstance(diff, yaml.MappingNode) and not diff.flow_style and diff.value:
+            node = next((v for k, v in diff.value if k.value == knob), None)
+            indent = diff.value[0][0].start_mark.column
+            if node is not None and node.start_mark.line == node.end_mark.line:
+                lines[node.start_mark.line] = lines[node.start_mark.line][:node.start_mark.column] + flow
+            elif node is None:
+                last = max(v.end_mark.line - (1 if v.end_mark.column == 0 else 0) for _, v in diff.value)
+                lines.insert(last + 1, " " * indent + f"{knob}: {flow}")
+        edited = "\n".join(lines) + "\n"
+        if parse_capability(edited) == want:
+            return want, edited
+    except (yaml.YAMLError, CapabilityError, IndexError):
+        pass
+    return want, f"# {why}\n" + yaml.safe_dump(want.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
 def load_capability(path: str | Path) -> Capability:
     p = Path(path)
     try:

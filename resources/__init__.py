@@ -222,6 +222,10 @@ class ProfileResource(dg.ConfigurableResource):
     name: str = "default"
     catalog_dir: str = ""  # empty: the catalog shipped with the package
     envs_per_capability: int = 0  # seeds drafted per capability; 0: each capability's own `environments` (default 64)
+    # Planted instructions (prompt injection) for every capability where one fits, over each file's own
+    # difficulty.injections: "" keeps the files' (the shipped catalog: none), "off" none, "some" about half the
+    # seeds, "all" every seed. Off by default: measured, it costs the tiny default student (docs/capabilities.md).
+    injections: str = ""
     max_repair_rounds: int = 3
     validation_fault_rate: float = 0.25
     sandbox_workers: int = 1
@@ -265,10 +269,32 @@ class ProfileResource(dg.ConfigurableResource):
     rl_envs: int = 4
     seed: int = 0
 
+    def injections_range(self) -> tuple[int, int] | None:
+        """The (min, max) the ``injections`` setting gives every capability; None to keep each file's own."""
+        if not self.injections:
+            return None
+        if self.injections not in INJECTIONS:
+            raise ValueError(f"unknown injections setting {self.injections!r} (one of: {', '.join(INJECTIONS)}, or empty for each file's own)")
+        return INJECTIONS[self.injections]
+
+    def capability(self, capability: Any, text: str) -> tuple[Any, str]:
+        """A catalog file's capability (and its YAML ``text``) as this profile drafts it: with ``injections`` set,
+        its ``difficulty.injections`` is the setting's, and the text says so beside the knob."""
+        from cowork_pipeline.capabilities import Range, with_knob
+
+        value = self.injections_range()
+        if value is None:
+            return capability, text
+        return with_knob(text, capability, "injections", Range(min=value[0], max=value[1]),
+                         f"set by the profile '{self.name}': injections={self.injections}")
+
     def seeds_for(self, capability: Any) -> range:
         """The seeds drafted for ``capability``: the profile's count when it sets one, else the capability's."""
         return range(self.envs_per_capability or capability.environments)
 
+
+# the profile's injections settings, as difficulty.injections ranges (min, max)
+INJECTIONS = {"off": (0, 0), "some": (0, 1), "all": (1, 1)}
 
 SMOKE_PROFILE = dict(name="smoke", envs_per_capability=4, demos_per_capability=2, eval_envs_per_capability=2, eval_trials=2, sft_epochs=1.0,
                      sft_max_steps=4, student_hidden=64, student_layers=2, student_vocab=1024, rl_steps=1, rl_group_size=2,

@@ -107,6 +107,27 @@ def test_sensor_adds_partitions_and_requests_runs_only_on_change(setup):
     assert "broken" not in json.loads(r8.cursor)["fingerprints"]
 
 
+def test_the_sensor_compares_the_capabilities_as_the_profile_drafts_them(setup):
+    """A profile that plants instructions (``injections``) publishes capabilities whose difficulty differs from
+    their files': the sensor fingerprints them as that profile drafts them, so once capability_specs is promoted it
+    asks for synthesis, not for the specs again and again; switching the setting off is a change it refreshes."""
+    instance, catalog, plain, lake_res = setup
+    profile = ProfileResource(name=plain.name, catalog_dir=plain.catalog_dir, envs_per_capability=2, injections="some")
+    specs, synth = auto.capability_specs_job.name, auto.synthesis_job.name
+    on, _ = auto.catalog_fingerprints(catalog, profile)
+    assert on != auto.catalog_fingerprints(catalog)[0] and set(on) == set(CAPS)
+    r1 = _tick(instance, None, profile, lake_res)
+    assert _requests(r1) == [(specs, None)]
+    _apply(instance, r1)
+    _materialize_specs(instance, profile, lake_res)
+    assert auto.published_fingerprints(lake_res.lake()) == on
+    r2 = _tick(instance, r1.cursor, profile, lake_res)
+    assert sorted(_requests(r2)) == [(synth, c) for c in sorted(CAPS)]
+    assert _requests(_tick(instance, r2.cursor, plain, lake_res)) == [(specs, None)]
+    bad = ProfileResource(catalog_dir=plain.catalog_dir, injections="most")
+    assert set(auto.catalog_fingerprints(catalog, bad)[1]) == {f"{c}.yaml" for c in CAPS}
+
+
 def test_fresh_sensor_cursor_starts_from_the_lake_state():
     """Enabling the sensor on a deployment whose partitions are synthesized from the current catalog requests nothing."""
     on_disk = {"a": "fa", "b": "fb"}

@@ -294,3 +294,32 @@ def test_capability_guide_matches_the_schema_and_the_tool_registry():
              if m.group(1) in SERVICES}
     expected = {s: [n for n, t in REGISTRY.items() if t.service == s and not t.hidden] for s in SERVICES}
     assert table == expected, "the services table of docs/capabilities.md is out of date"
+
+
+def test_with_knob_edits_the_knob_s_line_and_keeps_every_other():
+    """A profile's setting for a difficulty knob is written into the capability's text where the knob stands (or
+    added to its difficulty block, or as the block), with the reason beside it; a layout that edit cannot handle
+    (a flow-style difficulty, a knob on several lines) gets the whole capability written out under the reason.
+    Either way the text parses to the capability with the knob set."""
+    from cowork_pipeline.capabilities import Range, with_knob
+
+    base = "id: abc\ntitle: x\ndescription: y\nservices: [mail]\ntools: [mail_send]\n"
+    one = Range(min=1, max=1)
+    cases = {
+        "replaced": base + "difficulty:\n  distractors: {min: 2, max: 2}\n  injections: {min: 0, max: 0}  # off\ntags: [a]\n",
+        "added": base + "difficulty:\n  distractors: {min: 2, max: 2}\n\ntags: [a]\n",
+        "block": base,
+        "flow": base + "difficulty: {distractors: {min: 2, max: 2}}\n",
+        "nested": base + "difficulty:\n  injections:\n    min: 0\n    max: 0\n",
+    }
+    for how, text in cases.items():
+        cap = parse_capability(text)
+        got, edited = with_knob(text, cap, "injections", one, "set by the profile")
+        assert got.difficulty.injections == one and parse_capability(edited) == got
+        assert got.model_copy(update={"difficulty": cap.difficulty}) == cap, how  # nothing else changed
+        if how in ("replaced", "added", "block"):
+            assert "  injections: {min: 1, max: 1}  # set by the profile" in edited.splitlines(), how
+            added = ["difficulty:"] if how == "block" else []
+            assert [x for x in edited.splitlines() if "injections" not in x] == [x for x in text.splitlines() if "injections" not in x] + added, how
+        else:
+            assert edited.startswith("# set by the profile\n"), how

@@ -638,6 +638,8 @@ def test_cowork_run_rejects_bad_options_before_running(tmp_path, monkeypatch, ca
     assert rc == 2 and "--repair-rounds must be at least 0" in err
     rc, err = run("--until", "everything")
     assert rc == 2 and "invalid choice" in err
+    rc, err = run("--injections", "most")
+    assert rc == 2 and "argument --injections: invalid choice: 'most'" in err and "'some'" in err, err
     assert not (home / "lake").exists()  # nothing was written
 
 

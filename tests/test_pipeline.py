@@ -339,6 +339,44 @@ def test_each_capability_drafts_its_own_number_of_environments_unless_the_profil
         "invoice_reconcile": 1, "schedule_meeting": 1}
 
 
+def test_the_profile_plants_instructions_for_every_capability_where_one_fits(tmp_path, monkeypatch):
+    """``ProfileResource.injections`` (``cowork run --injections``) sets every capability's difficulty.injections
+    over its file's: capability_specs stores the text as drafted (the knob's line replaced or added, saying why, every
+    other line kept) and its fingerprint, and the synthesis plants one in each seed where an outside email or ticket
+    is read. A bad setting stops the run before anything runs."""
+    from cowork_pipeline.capabilities import CATALOG_DIR, parse_capability
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    for cap_id in ("invoice_reconcile", "ticket_triage_followup", "schedule_meeting"):
+        (catalog / f"{cap_id}.yaml").write_text((CATALOG_DIR / f"{cap_id}.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    instance = ensure_home(tmp_path / "dagster_home")
+    lake_res = LakeResource(root=str(tmp_path / "lake"))
+    profile = ProfileResource(name="planted", catalog_dir=str(catalog), envs_per_capability=3, injections="all")
+    with pytest.raises(ValueError, match="unknown injections setting 'most'"):
+        run_all(ProfileResource(catalog_dir=str(catalog), injections="most"), lake_res, instance, log=lambda _: None)
+    assert not lake_res.lake().exists("capability_specs")
+    run_all(profile, lake_res, instance, log=lambda _: None, until="validated_environments")
+    specs, _ = lake_res.lake().read_promoted("capability_specs")
+    for cap_id, text, fp in specs.select("capability_id", "yaml", "fingerprint").iter_rows():
+        original = (catalog / f"{cap_id}.yaml").read_text()
+        cap = parse_capability(text)
+        assert cap.difficulty.injections.min == cap.difficulty.injections.max == 1 and fp == cap.fingerprint()
+        assert "  injections: {min: 1, max: 1}  # set by the profile 'planted': injections=all" in text.splitlines()
+        kept = [line for line in original.splitlines() if not line.lstrip().startswith("injections:")]
+        assert [line for line in text.splitlines() if not line.lstrip().startswith("injections:")] == kept
+        assert cap == parse_capability(original).model_copy(update={"difficulty": cap.difficulty})
+    envs, _ = lake_res.lake().read_promoted("validated_environments")
+    planted = {}
+    for cap_id, spec_json in envs.select("capability_id", "spec_json").iter_rows():
+        spec = json.loads(spec_json)
+        planted.setdefault(cap_id, []).append(spec["difficulty"]["injections"])
+        assert ("injection" in spec["facts"]) is (spec["difficulty"]["injections"] == 1)
+    assert planted["invoice_reconcile"] == [1, 1, 1] and sum(planted["ticket_triage_followup"]) >= 2
+    assert planted["schedule_meeting"] == [0] * len(planted["schedule_meeting"])  # (nothing from outside is read)
+
+
 def _heldout_oracle(lake):
     """The lake's held-out environments and an agent that answers each with its reference (a perfect model)."""
     from assets.models import envs_by_split
