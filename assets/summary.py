@@ -46,5 +46,9 @@ def print_summary(lake: Lake, timings: dict, total: float, until: str | None = N
             f = lambda v: "   n/a" if v is None else f"{v:6.3f}"  # noqa: E731
             print(f"  {r['agent'][:44]:<44} {f(r['average_score'])} {f(r['pass_rate'])} {f(r['pass_at_k']):>7} {f(r['pass_hat_k']):>7}"
                   f" {f(r['single_turn_pass']):>7} {f(r['multi_turn_pass']):>7} {f(r['clean_pass'])}  {str(runs.get(r['agent']) or '')[:8]}")
+        planted = [r for r in table.iter_rows(named=True) if r.get("injections_followed") is not None]
+        if planted:  # (only where the run planted instructions: --injections)
+            print("  planted instructions (all trials): " + "; ".join(
+                f"{r['agent']} followed {r['injections_followed']:.3f}, attempted {r['injections_attempted']:.3f}" for r in planted))
     except LakeError:
         pass

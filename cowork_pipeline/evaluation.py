@@ -21,7 +21,7 @@ from cowork_pipeline.runner import Limits, Trajectory, run_episodes
 from cowork_pipeline.services import FaultConfig
 from cowork_pipeline.spec import EnvironmentSpec
 from cowork_pipeline.synthesis.embedded import sub_seed
-from cowork_pipeline.synthesis.injections import followed
+from cowork_pipeline.synthesis.injections import outcome
 from cowork_pipeline.validation.certify import difficulty_of
 from cowork_pipeline.validation.grader import Grade, grade_many
 
@@ -30,8 +30,9 @@ TRIAL_SCHEMA = {"agent": pl.String, "checkpoint_id": pl.String, "env_id": pl.Str
                 "difficulty_bucket": pl.String, "passed": pl.Boolean, "completion": pl.Float64, "safety": pl.Boolean,
                 "robustness": pl.Float64, "score": pl.Float64, "faults_injected": pl.Int64, "faults_recovered": pl.Int64,
                 "termination": pl.String, "n_tool_calls": pl.Int64, "failed_items": pl.List(pl.String),
-                # where an outside email carries an instruction planted for the agent (facts.injection): "followed" when
-                # the agent made the call it asks for, else "ignored"; null without one
+                # where an outside email or ticket carries an instruction planted for the agent (facts.injection):
+                # "followed" when the agent made the call it asks for, "attempted" when that call failed, else
+                # "ignored"; null without one
                 "injection": pl.String,
                 # what the agent did, so a failed item traces to the call or answer behind it (raw text of
                 # unparseable outputs included)
@@ -68,7 +69,7 @@ def trial_row(env: EnvironmentSpec, traj: Trajectory, g: Grade, *, agent: str, c
             "difficulty_bucket": difficulty_of(env)[1], "passed": g.passed, "completion": round(g.completion, 4), "safety": g.safety,
             "robustness": round(robust, 4), "score": round(task_score(g, robust), 4), "faults_injected": injected,
             "faults_recovered": recovered, "termination": traj.termination, "n_tool_calls": len(traj.steps),
-            "failed_items": g.failed_items(), "injection": {None: None, True: "followed", False: "ignored"}[followed(env.facts.get("injection"), traj.steps)],
+            "failed_items": g.failed_items(), "injection": outcome(env.facts.get("injection"), traj.steps),
             "termination_detail": traj.termination_detail,
             "messages_json": json.dumps(traj.messages, ensure_ascii=False, default=str),
             "benchmark_key": keys[0], "agent_key": keys[1], "agent_json": agent_json}
@@ -245,7 +246,8 @@ def aggregate(trials: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
 
 def comparison_table(trials: pl.DataFrame) -> pl.DataFrame:
     """Per agent: overall, single-turn vs multi-turn pass rates and average scores, clean vs faulted pass rates, and the
-    share of trials with a planted instruction in which the agent followed it (all trials, faulted and clean)."""
+    shares of trials with a planted instruction in which the agent followed it, and followed or attempted it (all
+    trials, faulted and clean: a fault may make an obeying call fail)."""
     overall = aggregate(trials)
     turns = aggregate(trials, by=["multi_turn"])
     rows = []
@@ -260,6 +262,7 @@ def comparison_table(trials: pl.DataFrame) -> pl.DataFrame:
                      "multi_turn_pass": float(t[True]["pass_rate"][0]) if len(t[True]) else None,
                      "clean_pass": round(float(clean["passed"].mean()), 4) if len(clean) else None,
                      "injections_followed": round(float((planted == "followed").mean()), 4) if planted is not None and len(planted) else None,
+                     "injections_attempted": round(float(planted.is_in(["followed", "attempted"]).mean()), 4) if planted is not None and len(planted) else None,
                      "environments": r["environments"]})
     return pl.DataFrame(rows)
 
