@@ -57,6 +57,15 @@ def _generator(args: argparse.Namespace) -> Any:
     return generator
 
 
+def _add_injections_arg(parser: argparse.ArgumentParser) -> None:
+    from resources import INJECTIONS
+
+    parser.add_argument("--injections", choices=list(INJECTIONS),
+                        help="plant instructions to the agent (prompt injection) in what every capability reads from outside, "
+                             "for none, about half or all of its seeds, over each file's difficulty.injections (default: the "
+                             "files'; the shipped catalog plants none)")
+
+
 def _add_generator_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("generator backend")
     g.add_argument("--generator", choices=["embedded", "llm"], default="embedded",
@@ -174,10 +183,14 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def ui_environment(args: argparse.Namespace) -> dict[str, str]:
     """The environment of the code location `cowork ui` starts (another process): it reads the lake, the
-    home folder and the generator from there (``LakeResource``, ``GeneratorResource.from_env``)."""
+    home folder, the generator, the endpoints and the profile's catalog and injections from there
+    (``LakeResource``, ``GeneratorResource.from_env``, ``AgentsResource.from_env``, ``ProfileResource.from_env``)."""
     home = _home(args)
+    from resources import ProfileResource
+
+    profile = ProfileResource(catalog_dir=str(Path(args.catalog).absolute()) if args.catalog else "", injections=args.injections or "")
     return dict(os.environ, COWORK_LAKE=os.environ.get("COWORK_LAKE", str(home / "lake")), COWORK_HOME=str(home),
-                **_generator(args).to_env(), **_agents(args).to_env())
+                **_generator(args).to_env(), **_agents(args).to_env(), **profile.to_env())
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -220,12 +233,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--envs-per-capability", type=int, default=0, help="seeds drafted per capability (default: the profile's)")
     r.add_argument("--catalog", help="folder of capability YAML files (default: the catalog shipped with the package)")
     r.add_argument("--repair-rounds", type=int, help="revisions of a failing draft before it is rejected (default 3)")
-    from resources import INJECTIONS
-
-    r.add_argument("--injections", choices=list(INJECTIONS),
-                   help="plant instructions to the agent (prompt injection) in what every capability reads from outside, for "
-                        "none, about half or all of its seeds, over each file's difficulty.injections (default: the files'; "
-                        "the shipped catalog plants none)")
+    _add_injections_arg(r)
     from assets.order import RUN_ORDER
 
     r.add_argument("--until", choices=RUN_ORDER, metavar="ASSET",
@@ -236,6 +244,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.set_defaults(fn=cmd_run)
     u = sub.add_parser("ui", help="start the Dagster UI on 127.0.0.1 (its runs, sensors and schedule use the generator given here)")
     u.add_argument("--port", type=int, default=3000)
+    u.add_argument("--catalog", help="folder of capability YAML files its runs, sensor and schedule read (default: the shipped catalog)")
+    _add_injections_arg(u)
     _add_generator_args(u)
     _add_endpoint_args(u)
     _add_teacher_args(u)

@@ -12,7 +12,7 @@ ALL_ASSETS = [synthesis.capability_specs, synthesis.synthesized_environments, sy
 
 def resources(profile: ProfileResource | None = None, lake: LakeResource | None = None,
               generator: GeneratorResource | None = None, agents: AgentsResource | None = None) -> dict:
-    return {"lake": lake or LakeResource(), "profile": profile or ProfileResource(), "generator": generator or GeneratorResource.from_env(),
+    return {"lake": lake or LakeResource(), "profile": profile or ProfileResource.from_env(), "generator": generator or GeneratorResource.from_env(),
             "compute": ComputeResource(), "agents": agents or AgentsResource.from_env()}
 
 

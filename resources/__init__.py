@@ -216,6 +216,9 @@ class AgentsResource(dg.ConfigurableResource):
             raise ValueError(f"invalid agents in {_AGENTS_ENV}: {e}") from None
 
 
+_PROFILE_ENV = (("catalog_dir", "COWORK_CATALOG"), ("injections", "COWORK_INJECTIONS"))
+
+
 class ProfileResource(dg.ConfigurableResource):
     """Sizes of one pipeline run. ``default`` is the README's run; tests use a smaller one."""
 
@@ -268,6 +271,19 @@ class ProfileResource(dg.ConfigurableResource):
     rl_group_size: int = 4
     rl_envs: int = 4
     seed: int = 0
+
+    def to_env(self) -> dict[str, str]:
+        """What `cowork ui` hands the code location (another process) of this profile: its catalog and injections."""
+        return {var: str(getattr(self, name)) for name, var in _PROFILE_ENV}
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "ProfileResource":
+        """The default profile with the catalog and injections `cowork ui` was given (a bad setting raises here,
+        before the code location serves anything)."""
+        env = os.environ if environ is None else environ
+        profile = cls(**{name: env[var] for name, var in _PROFILE_ENV if env.get(var, "") != ""})
+        profile.injections_range()
+        return profile
 
     def injections_range(self) -> tuple[int, int] | None:
         """The (min, max) the ``injections`` setting gives every capability; None to keep each file's own."""

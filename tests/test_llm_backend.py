@@ -674,6 +674,32 @@ def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
         ui_environment(parse_args(["--home", str(home), "ui", "--generator", "llm", "--base-url", "nope", "--model", MODEL]))
 
 
+def test_cowork_ui_hands_its_catalog_and_injections_to_the_code_location(tmp_path):
+    """`cowork ui --catalog DIR --injections some`: the code location's profile reads that catalog and plants
+    instructions, so runs launched from the UI, the catalog sensor and the schedule draft as `cowork run` with the
+    same flags does; without them it keeps the shipped catalog and each file's own knob."""
+    import subprocess
+    import sys
+
+    from assets.cli import parse_args, ui_environment
+    from resources import ProfileResource
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "invoice_reconcile.yaml").write_text((CATALOG_DIR / "invoice_reconcile.yaml").read_text())
+    env = ui_environment(parse_args(["--home", str(tmp_path / "home"), "ui", "--catalog", str(catalog), "--injections", "some"]))
+    probe = ("import json\nfrom assets.definitions import defs\np = defs.resources['profile']\n"
+             "print(json.dumps([p.catalog_dir, p.injections, p.injections_range()]))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [str(catalog), "some", [0, 1]]
+    plain = ProfileResource.from_env(ui_environment(parse_args(["--home", str(tmp_path / "home"), "ui"])))
+    assert (plain.catalog_dir, plain.injections, plain.injections_range()) == ("", "", None)
+    with pytest.raises(ValueError, match="unknown injections setting 'most'"):
+        ProfileResource.from_env({"COWORK_INJECTIONS": "most"})
+
+
 def test_generator_resource_passes_every_option_to_the_backend(tmp_path, monkeypatch):
     from resources import GeneratorResource
 
