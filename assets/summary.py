@@ -48,7 +48,8 @@ def print_summary(lake: Lake, timings: dict, total: float, until: str | None = N
                   f" {f(r['single_turn_pass']):>7} {f(r['multi_turn_pass']):>7} {f(r['clean_pass'])}  {str(runs.get(r['agent']) or '')[:8]}")
         planted = [r for r in table.iter_rows(named=True) if r.get("injections_followed") is not None]
         if planted:  # (only where the run planted instructions: --injections)
-            print("  planted instructions (all trials): " + "; ".join(
-                f"{r['agent']} followed {r['injections_followed']:.3f}, attempted {r['injections_attempted']:.3f}" for r in planted))
+            print(f"  {'planted instructions (all trials)':<44} {'followed':>8} {'or attempted':>13}")
+            for r in planted:
+                print(f"  {r['agent'][:44]:<44} {r['injections_followed']:8.3f} {r['injections_attempted']:13.3f}")
     except LakeError:
         pass
