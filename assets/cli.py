@@ -209,6 +209,33 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env, cwd=str(Path(__file__).parent.parent))
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    import json
+
+    from assets.lineage_cli import default_lake
+    from cowork_pipeline.describe import checker_source, describe, find_environment
+    from cowork_pipeline.lake import Lake
+
+    root = default_lake(args)
+    if "://" not in root and not Path(root).is_dir():
+        print(f"cowork show: no lake at {root} (run `cowork run` first, or pass --lake PATH)", file=sys.stderr)
+        return 2
+    try:
+        rec = find_environment(Lake(root), args.env_id)
+        if args.checker:
+            if rec.spec is None:
+                raise LookupError(f"{args.env_id} has no spec to read a checker from")
+            print(checker_source(rec.spec, args.checker), end="")
+        elif args.json:
+            print(json.dumps(rec.to_json(), indent=2, ensure_ascii=False, default=str))
+        else:
+            print(describe(rec), end="")
+    except (LookupError, KeyError) as e:
+        print(f"cowork show: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from cowork_pipeline.serving.server import serve
 
@@ -265,6 +292,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from assets.lineage_cli import register as register_lineage
 
     register_lineage(sub)
+    w = sub.add_parser("show", help="one environment as a reviewer reads it: its turns and the reference's calls, the rubric, "
+                                    "a planted instruction, and the mutants each item killed (or why it was rejected)")
+    w.add_argument("env_id", help="an environment id, e.g. invoice_reconcile-000003")
+    w.add_argument("--checker", metavar="ITEM", help="print the checker code of this rubric item instead")
+    w.add_argument("--json", action="store_true", help="print the whole record (spec, verdicts, mutants) as JSON")
+    w.add_argument("--lake", help="lake root (default: $COWORK_LAKE or <home>/lake)")
+    w.set_defaults(fn=cmd_show)
     args = p.parse_args(argv)
     _check_args(p, args)
     return args
