@@ -10,6 +10,7 @@ import polars as pl
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.order import SYNTHESIS
 from cowork_pipeline.capabilities import CATALOG_DIR, load_catalog, parse_capability
+from cowork_pipeline.describe import describe, record_of
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
 from cowork_pipeline.synthesis.tables import run_synthesis
@@ -103,6 +104,10 @@ def synthesized_environments(context: AssetExecutionContext, lake: LakeResource,
         if table == "validated_environments":
             mat.metadata.update({"survival_rate": tel["survival_rate"], "accepted_by_round": dg.MetadataValue.json(tel["accepted_by_round"]),
                                  "diagnostics": dg.MetadataValue.json(tel["diagnostic_counts"]), "repair_plot": _repair_plot(cap_id, tel)})
+            if len(df):  # what one of them looks like, as `cowork show` prints it
+                version = mat.metadata["delta_version"]
+                rec = record_of(df.row(0, named=True), "certified", table, getattr(version, "value", version))
+                mat.metadata["example"] = dg.MetadataValue.md(f"`cowork show {rec.row['env_id']}`\n\n```text\n{describe(rec)}```")
         yield mat
         yield check
 

@@ -37,11 +37,18 @@ class EnvironmentRecord:
                 "spec": self.spec.model_dump(mode="json") if self.spec is not None else None}
 
 
+def record_of(row: dict[str, Any], status: str, table: str, version: int, split: str | None = None) -> EnvironmentRecord:
+    """The record of a row of ``validated_environments`` (status "certified") or ``rejected_environments``."""
+    col = "spec_json" if status == "certified" else "last_spec_json"
+    spec = EnvironmentSpec.model_validate_json(row[col]) if row.get(col) else None
+    return EnvironmentRecord(status, table, version, row, spec, split, json.loads(row.get("mutants_json") or "[]"))
+
+
 def find_environment(lake: Lake, env_id: str) -> EnvironmentRecord:
     """The promoted row of ``env_id`` (certified first, then rejected) with its split; LookupError when neither
     table has it, naming the ids of its capability that do exist."""
     known: list[str] = []
-    for table, status, col in (("validated_environments", "certified", "spec_json"), ("rejected_environments", "rejected", "last_spec_json")):
+    for table, status in (("validated_environments", "certified"), ("rejected_environments", "rejected")):
         try:
             df, version = lake.read_promoted(table)
         except LakeError:
@@ -50,9 +57,7 @@ def find_environment(lake: Lake, env_id: str) -> EnvironmentRecord:
         if hit.is_empty():
             known += df.filter(pl.col("env_id").str.starts_with(env_id.rsplit("-", 1)[0] + "-"))["env_id"].to_list()
             continue
-        row = hit.row(0, named=True)
-        spec = EnvironmentSpec.model_validate_json(row[col]) if row.get(col) else None
-        return EnvironmentRecord(status, table, version, row, spec, _split(lake, env_id), json.loads(row.get("mutants_json") or "[]"))
+        return record_of(hit.row(0, named=True), status, table, version, _split(lake, env_id))
     near = f" (its capability has {', '.join(sorted(known)[:5])}{', ...' if len(known) > 5 else ''})" if known else ""
     raise LookupError(f"no environment '{env_id}' in the promoted validated_environments or rejected_environments{near}")
 

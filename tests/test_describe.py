@@ -14,7 +14,7 @@ from resources import LakeResource, ProfileResource
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory):
+def made(tmp_path_factory):
     """Two capabilities, 4 seeds each, every seed with a planted instruction where one fits, no repair round (so the
     flawed first drafts are rejected)."""
     home = tmp_path_factory.mktemp("show")
@@ -24,8 +24,14 @@ def lake(tmp_path_factory):
         (catalog / f"{cap_id}.yaml").write_text((CATALOG_DIR / f"{cap_id}.yaml").read_text())
     lake_res = LakeResource(root=str(home / "lake"))
     profile = ProfileResource(name="show", catalog_dir=str(catalog), envs_per_capability=4, injections="all", max_repair_rounds=0)
-    run_all(profile, lake_res, ensure_home(home / "dagster_home"), log=lambda _: None, until="environment_splits")
-    return lake_res.lake()
+    instance = ensure_home(home / "dagster_home")
+    run_all(profile, lake_res, instance, log=lambda _: None, until="environment_splits")
+    return lake_res.lake(), instance
+
+
+@pytest.fixture(scope="module")
+def lake(made):
+    return made[0]
 
 
 def _show(capsys, lake, *args) -> tuple[int, str, str]:
@@ -89,3 +95,17 @@ def test_unknown_ids_items_and_lakes_exit_2(lake, capsys, tmp_path):
     assert code == 2 and "no rubric item 'nope' (items: " in err
     code = main(["show", env_id, "--lake", str(tmp_path / "nowhere")])
     assert code == 2 and "no lake at" in capsys.readouterr().err
+
+
+def test_the_ui_shows_an_example_environment_of_each_partition(made):
+    """A capability partition's validated_environments materialization carries one of its environments as `cowork
+    show` prints it (markdown), so a user materializing from the Dagster UI sees what was made."""
+    import dagster as dg
+
+    _, instance = made
+    event = instance.get_latest_materialization_event(dg.AssetKey("validated_environments"))
+    meta = event.asset_materialization.metadata
+    text = meta["example"].value
+    env_id = text.split("`cowork show ", 1)[1].split("`", 1)[0]
+    assert env_id.startswith(event.asset_materialization.partition + "-")
+    assert f"```text\n{env_id}: " in text and "verdicts: reference passes" in text and "\nRubric (" in text
