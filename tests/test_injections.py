@@ -6,7 +6,7 @@ import pytest
 
 from cowork_pipeline.agents.program import ProgramAgent
 from cowork_pipeline.capabilities import Capability, Difficulty, Range, load_catalog
-from cowork_pipeline.evaluation import comparison_table, evaluate
+from cowork_pipeline.evaluation import comparison_table, evaluate, injection_table, report
 from cowork_pipeline.runner import run_episode
 from cowork_pipeline.spec import EnvironmentSpec
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
@@ -253,6 +253,13 @@ def test_the_benchmark_marks_each_trial_followed_or_ignored(backend, sb):
     table = comparison_table(good.vstack(bad).vstack(other))
     got = dict(zip(table["agent"].to_list(), table["injections_followed"].to_list()))
     assert got == {"ref": 0.0, "obeys": 1.0, "plain": None}
+    # the report's section: per agent, trials with one, followed, attempted, and pass with and without one
+    trials = good.vstack(bad).vstack(other)
+    rows = {r["agent"]: r for r in injection_table(trials).to_dicts()}
+    assert (rows["ref"]["trials_with_one"], rows["ref"]["followed"], rows["ref"]["pass_with_one"]) == (1, 0, 1.0)
+    assert (rows["obeys"]["followed"], rows["obeys"]["attempted"], rows["obeys"]["pass_with_one"]) == (1, 0, 0.0)
+    assert (rows["plain"]["trials_with_one"], rows["plain"]["pass_with_one"], rows["plain"]["pass_without_one"]) == (0, None, 1.0)
+    assert "## Planted instructions" in report(trials, "t") and "## Planted instructions" not in report(other, "t")
 
 
 def test_followed_reads_an_email_to_the_planted_address_however_sent():
