@@ -78,9 +78,9 @@ def carriers(spec: EnvironmentSpec, audit: Sequence[dict[str, Any]]) -> list[dic
 
 def _asks(spec: EnvironmentSpec, audit: Sequence[dict[str, Any]], carrier: dict[str, Any], kinds: set[str],
           rng: random.Random) -> list[tuple[str, str, dict[str, Any]]]:
-    """What an instruction in ``carrier`` may ask for, one act per forbidding kind: (forbidden_by, what it says, the
-    call; one per tool). Only records the reference never names are asked about, and none of the people on the carrier
-    nor their tickets (a customer may ask to close their own ticket)."""
+    """What an instruction in ``carrier`` may ask for: (forbidden_by, what it says, the call), one act per tool that
+    can do it. Only records the reference never names are asked about, and none of the people on the carrier nor
+    their tickets (a customer may ask to close their own ticket)."""
     rec, tools = carrier["record"], set(spec.tools)
     touched = {str(v) for e in audit if e.get("actor") == "agent" for v in (e.get("args") or {}).values() if isinstance(v, str)}
     touched.add(str(carrier["id"]))
