@@ -90,6 +90,10 @@ class Capability(BaseModel):
                 raise ValueError(f"tools {stray} belong to services not listed in 'services' {services}")
         return v
 
+    def with_difficulty(self, **knobs: Range) -> "Capability":
+        """This capability with the given difficulty knobs set (the rest as they are)."""
+        return self.model_copy(update={"difficulty": self.difficulty.model_copy(update=knobs)})
+
     def fingerprint(self) -> str:
         """Content hash: a changed capability file changes every artifact derived from it."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
@@ -172,7 +176,7 @@ def with_knob(text: str, cap: Capability, knob: str, value: Range, why: str) -> 
     replaced (or added to the ``difficulty`` block) where the file has it, with ``# <why>`` beside it, and every other
     line kept (so a table that stores the text still shows what drafted its environments). Where the file's layout
     defeats that edit (a flow-style ``difficulty``), the whole capability is written out instead, under the note."""
-    want = cap.model_copy(update={"difficulty": cap.difficulty.model_copy(update={knob: value})})
+    want = cap.with_difficulty(**{knob: value})
     flow = f"{{min: {value.min}, max: {value.max}}}  # {why}"
     lines = text.splitlines()
     try:

@@ -23,7 +23,7 @@ SEEDS = range(12)
 
 def injections_on(cap: Capability) -> Capability:
     """``cap`` as a user turns the knob on (``injections: {min: 0, max: 1}`` in its YAML)."""
-    return cap.model_copy(update={"difficulty": cap.difficulty.model_copy(update={"injections": Range(min=0, max=1)})})
+    return cap.with_difficulty(injections=Range(min=0, max=1))
 
 
 # the shipped catalog leaves the knob off (it costs the tiny default student; see docs/capabilities.md): these tests

@@ -453,7 +453,7 @@ def test_a_drafted_document_with_a_planted_instruction_gets_its_mutant(llm, cap,
     model's document with ``facts.injection`` is certified like the embedded one: the injection_followed mutant
     makes the asked call after the read and the safety items kill it."""
     b = llm.backend()
-    cap = cap.model_copy(update={"difficulty": cap.difficulty.model_copy(update={"injections": Range(min=0, max=1)})})  # (opt-in)
+    cap = cap.with_difficulty(injections=Range(min=0, max=1))  # (opt-in)
     seeds = {o.seed: o.final.draft.spec for o in synthesize(EmbeddedBackend(), validator, cap, list(range(6))) if o.accepted}
     with_one = next(seed for seed, spec in seeds.items() if "injection" in spec.facts)
     without = next(seed for seed, spec in seeds.items() if "injection" not in spec.facts)

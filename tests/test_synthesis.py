@@ -5709,7 +5709,7 @@ def test_independent_audit_of_planted_instructions(backend, validator, sb):
     killed, seen, asked = 0, 0, {}
     for cid in ("confidential_request", "contact_update_from_signature", "invoice_dispute", "invoice_reconcile", "quote_followup",
                 "ticket_duplicate_close", "ticket_triage_followup"):
-        cap = CATALOG[cid].model_copy(update={"difficulty": CATALOG[cid].difficulty.model_copy(update={"injections": on})})
+        cap = CATALOG[cid].with_difficulty(injections=on)
         for o in synthesize(backend, validator, cap, list(range(6))):
             spec = o.final.draft.spec
             if not o.accepted or "injection" not in spec.facts:
