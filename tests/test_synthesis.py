@@ -2329,6 +2329,24 @@ def test_unknown_and_unexposed_tools(validator, outcomes):
     assert any(d.detail.get("tool") == "crm_update_invoice" for d in cert.diagnostics if d.code == "unexposed_tool")
 
 
+def test_a_name_collision_the_world_drew_by_chance_is_gone_after_one_revision(backend, validator):
+    """quote_followup's look-alike deals (the same account's lost ones) draw their names from a few suffixes, so a
+    first draft may name one exactly as the quoted deal: the request is then ambiguous. Re-sampling the world alone
+    drew such a collision again and again (seeds 21 and 54 were rejected after 3 rounds); a revision that fixes a
+    collision now draws every generated name unused, and each such draft certifies in round 1."""
+    cap = CATALOG["quote_followup"]
+    collided = 0
+    for o in synthesize(backend, validator, cap, list(range(64)), max_rounds=3):
+        first = o.attempts[0].certification
+        if any(d.code == "ambiguous_reference" and d.detail.get("collection") == "crm.deals" for d in first.diagnostics):
+            collided += 1
+            assert o.accepted and o.rounds == 1, (o.seed, [a.certification.diagnostics for a in o.attempts[1:]])
+            deals = o.final.draft.spec.world["crm.deals"].values()
+            names = [d["name"] for d in deals]
+            assert len(set(names)) == len(names), names
+    assert collided >= 8, collided
+
+
 # ---- 4. the repair loop ------------------------------------------------------------------------------
 REPAIR_CAPS = ("invoice_dispute", "task_from_email", "onboarding_plan", "confidential_request")
 REPAIR_SEEDS = range(10)

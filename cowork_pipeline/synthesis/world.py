@@ -30,8 +30,10 @@ class WorldBuilder:
     """Each ``add_*`` returns the record it stored; ids are random hex so they never collide
     with the sequential ids tools mint at run time (``msg_0001``)."""
 
-    def __init__(self, rng: random.Random, profile_team: str = "Sales"):
+    def __init__(self, rng: random.Random, profile_team: str = "Sales", distinct: bool = False):
         self.rng = rng
+        # a revision that fixed a name collision: records drawn with a generated name never repeat one
+        self.distinct = distinct
         self.state: dict[str, dict[str, dict[str, Any]]] = {}
         self._names: set[str] = set()
         self._ids: set[str] = set()
@@ -104,10 +106,17 @@ class WorldBuilder:
                  amount: float | None = None) -> dict[str, Any]:
         return self.put("crm.deals", {
             "id": self.id("deal"), "account_id": account["id"],
-            "name": name or f"{account['name']} {self.rng.choice(['renewal', 'expansion', 'pilot', 'rollout'])}",
+            "name": name or f"{account['name']} {self.rng.choice(self._unused(account['name'], 'crm.deals', ['renewal', 'expansion', 'pilot', 'rollout']))}",
             "stage": stage, "amount": amount if amount is not None else self.amount(5000, 90000), "currency": "USD",
             "close_date": (BASE + timedelta(days=self.rng.randint(10, 60))).strftime("%Y-%m-%d"),
             "owner": self.me["email"], "history": []})
+
+    def _unused(self, prefix: str, collection: str, suffixes: list[str]) -> list[str]:
+        """``suffixes``, or with ``distinct`` those that name no record of ``collection`` yet (all when none is left)."""
+        if not self.distinct:
+            return suffixes
+        taken = {r.get("name") for r in self.state.get(collection, {}).values()}
+        return [x for x in suffixes if f"{prefix} {x}" not in taken] or suffixes
 
     def add_message(self, sender: str, to: list[str], subject: str, body: str, folder: str = "inbox",
                     thread_id: str | None = None, read: bool = False, date: str | None = None,
