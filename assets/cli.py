@@ -167,6 +167,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error("--teacher-endpoint and --teacher-model go together")
         if args.teacher_concurrency < 1:
             p.error(f"--teacher-concurrency must be at least 1, got {args.teacher_concurrency}")
+    if getattr(args, "cmd", None) == "vacuum" and args.retain_hours < 1:
+        p.error(f"--retain-hours must be at least 1 (a run writing meanwhile keeps its uncommitted files that long), got {args.retain_hours}")
     if getattr(args, "cmd", None) not in ("run", "ui"):
         return
     if args.generator == "llm" and not (args.base_url and args.model):
@@ -236,6 +238,28 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    from assets.lineage_cli import default_lake
+    from cowork_pipeline.lake import Lake, LakeError
+
+    root = default_lake(args)
+    if "://" not in root and not Path(root).is_dir():
+        print(f"cowork vacuum: no lake at {root} (pass --lake PATH)", file=sys.stderr)
+        return 2
+    try:
+        done = Lake(root).vacuum(args.retain_hours, dry_run=args.dry_run)
+    except LakeError as e:
+        print(f"cowork vacuum: {e}", file=sys.stderr)
+        return 1
+    verb = "would delete" if args.dry_run else "deleted"
+    for v in done:
+        kept = ", ".join(map(str, v.kept_versions[:8])) + (", ..." if len(v.kept_versions) > 8 else "")
+        print(f"{v.table}: {verb} {len(v.files)} files; versions kept readable: {kept}")
+    print(f"{verb} {sum(len(v.files) for v in done)} files of {len(done)} tables (removed more than {args.retain_hours} h ago, "
+          "read by no published version nor by the lineage of any)")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from cowork_pipeline.serving.server import serve
 
@@ -299,6 +323,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--json", action="store_true", help="print the whole record (spec, verdicts, mutants) as JSON")
     w.add_argument("--lake", help="lake root (default: $COWORK_LAKE or <home>/lake)")
     w.set_defaults(fn=cmd_show)
+    v = sub.add_parser("vacuum", help="delete the lake's files that no published version and no lineage reads any more "
+                                      "(older versions stay readable only where something still reads them)")
+    v.add_argument("--retain-hours", type=int, default=168,
+                   help="keep files removed less than this long ago (default 168, a week; at least 1: a run writing meanwhile "
+                        "must keep the files it has not committed yet)")
+    v.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    v.add_argument("--lake", help="lake root (default: $COWORK_LAKE or <home>/lake)")
+    v.set_defaults(fn=cmd_vacuum)
     args = p.parse_args(argv)
     _check_args(p, args)
     return args

@@ -43,6 +43,7 @@ __all__ = [
     "Lineage",
     "NotPromoted",
     "TableNotFound",
+    "Vacuumed",
 ]
 
 LINEAGE_COLUMNS = ("_run_id", "_asset", "_code_version", "_upstream_versions")
@@ -618,6 +619,73 @@ class Lake:
         # Versions may differ in schema (evolution): align columns, null-fill the gaps.
         return pl.concat(frames, how="diagonal_relaxed"), published
 
+    # ------------------------------------------------------------ maintenance
+    def retained_versions(self) -> dict[str, set[int]]:
+        """Per published table, the versions something still reads: its latest, the versions the promotion log
+        publishes (each partition's), and every version the rows of a retained version were computed from (their
+        ``_upstream_versions``, with the partitions published as of it), transitively. So today's data, and the
+        lineage of every row in it back to the capability specs, stay readable after :meth:`vacuum`."""
+        log = self.promotions()
+        by_table = {t: log.filter(pl.col("table") == t) for t in sorted(set(log["table"].to_list()))}
+
+        def published(table: str, as_of: int | None = None) -> set[int]:
+            rows = by_table.get(table)
+            if rows is None:
+                return set()
+            state = _Published.replay(rows if as_of is None else rows.filter(pl.col("version") <= as_of))
+            return {v for v in (state.base, *state.parts.values()) if v is not None}
+
+        todo: list[tuple[str, int]] = []
+        for table in by_table:
+            latest = self._latest_or_none(table)
+            todo += [(table, v) for v in published(table) | ({latest} if latest is not None else set())]
+        keep: dict[str, set[int]] = {}
+        while todo:
+            table, version = todo.pop()
+            if version in keep.setdefault(table, set()):
+                continue
+            keep[table].add(version)
+            for upstream, v in self._upstreams(table, version):
+                todo += [(upstream, v), *((upstream, p) for p in published(upstream, as_of=v))]
+        return keep
+
+    def _upstreams(self, table: str, version: int) -> set[tuple[str, int]]:
+        """The (table, version) pairs the rows of ``table`` at ``version`` name as what they were computed from."""
+        try:
+            df = self._select(table, version, ["_upstream_versions"])
+        except LakeError:  # no lineage column (a table written by other means), or a version already gone
+            return set()
+        out: set[tuple[str, int]] = set()
+        for text in df["_upstream_versions"].unique().to_list():
+            try:
+                ups = json.loads(text or "{}")
+            except ValueError:
+                continue
+            out |= {(t, int(v)) for t, v in ups.items() if isinstance(t, str) and isinstance(v, int)} if isinstance(ups, dict) else set()
+        return out
+
+    def vacuum(self, retain_hours: int = 168, *, dry_run: bool = False) -> list[Vacuumed]:
+        """Delete the files of every published table that no retained version (:meth:`retained_versions`) reads and
+        that were removed from the table more than ``retain_hours`` ago. Reading an older version (time travel, the
+        lineage of an id a later write replaced) then fails, for the versions it deleted only. A run writing at the
+        same time keeps its files for ``retain_hours`` (keep it above the longest run)."""
+        if retain_hours < 0:
+            raise ValueError(f"retain_hours must be >= 0, got {retain_hours}")
+        keep = self.retained_versions()
+        if self.exists(PROMOTIONS_TABLE):
+            keep[PROMOTIONS_TABLE] = {self._open(PROMOTIONS_TABLE).version()}
+        out = []
+        for table in sorted(keep):
+            if not self.exists(table):
+                continue
+            try:
+                files = self._open(table).vacuum(retention_hours=retain_hours, dry_run=dry_run, enforce_retention_duration=False,
+                                                 keep_versions=sorted(keep[table]))
+            except Exception as exc:
+                raise LakeError(f"{self._where(table)} could not be vacuumed: {_first_line(exc)}") from exc
+            out.append(Vacuumed(table, tuple(sorted(keep[table])), tuple(sorted(files)), dry_run))
+        return out
+
     def _unchanged_since(self, table: str, column: str, parts: dict[str, int]) -> tuple[int, set[str]]:
         """(a version L, the partitions of ``column`` whose rows at L are those at their version in ``parts``):
         those that every commit after their version replaced another partition of ``column`` alone, by the
@@ -630,6 +698,8 @@ class Lake:
             return oldest, set()  # a gap in the listing: trust nothing
         everything_since, since = -1, {}  # the last commit that may have changed every partition, or one of them
         for version, commit in commits.items():
+            if commit.get("operation") in _NO_DATA_CHANGE:
+                continue
             try:
                 replaced = json.loads(commit.get("replaces_partition") or "null")
             except (TypeError, ValueError):  # another tool's metadata under our key: it may have changed anything
@@ -639,6 +709,20 @@ class Lake:
             else:
                 everything_since = max(everything_since, version)
         return latest, {p for p, v in parts.items() if v >= everything_since and since.get(p, -1) <= v}
+
+
+_NO_DATA_CHANGE = ("VACUUM START", "VACUUM END")  # commits that remove unreferenced files only
+
+
+@dataclass(frozen=True)
+class Vacuumed:
+    """What :meth:`Lake.vacuum` did to one table: the versions it kept readable and the files it deleted (or,
+    in a dry run, would delete)."""
+
+    table: str
+    kept_versions: tuple[int, ...]
+    files: tuple[str, ...]
+    dry_run: bool
 
 
 _PROMOTIONS_SCHEMA = pl.Schema(

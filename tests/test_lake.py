@@ -549,3 +549,76 @@ def test_concurrent_processes_lose_nothing(tmp_path: Path) -> None:
     out = Lake(root).read("envs")
     assert out.height == 20 and out["env_id"].n_unique() == 20
     assert out.group_by("_run_id").len().sort("_run_id")["len"].to_list() == [10, 10]
+
+
+# ----------------------------------------------------------------- vacuum
+def test_vacuum_deletes_only_what_nothing_published_and_no_lineage_reads(lake: Lake, capsys) -> None:
+    """specs v0..v3 (v3 never promoted), envs computed from specs v0 then v2, and a score still published that was
+    computed from envs v0: vacuum keeps specs v0 (the score's lineage), v2 (published) and v3 (latest), drops v1."""
+    for i in range(4):
+        v = lake.write("specs", envs([i], f"s{i}"), lineage=lin(), mode="overwrite")
+        if i < 3:
+            lake.promote("specs", v, run_id="r")
+    lake.promote("envs", lake.write("envs", envs([1], "e0"), lineage=lin(specs=0), mode="overwrite"), run_id="r")
+    lake.promote("envs", lake.write("envs", envs([2], "e1"), lineage=lin(specs=2), mode="overwrite"), run_id="r")
+    lake.write("envs", envs([3], "BAD"), lineage=lin(specs=2), mode="overwrite")  # its checks failed: latest, unpublished
+    lake.promote("scores", lake.write("scores", envs([9], "x"), lineage=lin(envs=0), mode="overwrite"), run_id="r")
+    before = {t: sorted_data(lake.read_promoted(t)[0]) for t in ("specs", "envs", "scores")}
+
+    assert lake.retained_versions() == {"specs": {0, 2, 3}, "envs": {0, 1, 2}, "scores": {0}}
+    dry = {v.table: v for v in lake.vacuum(0, dry_run=True)}
+    assert len(dry["specs"].files) == 1 and dry["envs"].files == () and dry["scores"].files == ()
+    assert lake.read("specs", version=1)["tag"].to_list() == ["s1"]  # a dry run deletes nothing
+
+    done = {v.table: v for v in lake.vacuum(0)}
+    assert done["specs"].files == dry["specs"].files and done["specs"].kept_versions == (0, 2, 3)
+    with pytest.raises(LakeError, match="specs"):
+        lake.read("specs", version=1)
+    assert [lake.read("specs", version=v)["tag"][0] for v in (0, 2, 3)] == ["s0", "s2", "s3"]
+    for t, df in before.items():  # what readers get is untouched, and writing goes on
+        assert sorted_data(lake.read_promoted(t)[0]).equals(df)
+    assert lake.vacuum(0)[0].files == ()  # idempotent
+    lake.promote("specs", lake.write("specs", envs([5], "s5"), lineage=lin(), mode="overwrite"), run_id="r")
+    assert lake.read_promoted("specs")[0]["tag"].to_list() == ["s5"]
+
+
+def test_vacuum_keeps_each_partition_as_published_and_as_a_reader_saw_it(lake: Lake) -> None:
+    def write_part(df: pl.DataFrame, cap: str) -> int:
+        return lake.write("envs", df, lineage=LIN, mode="overwrite", replace_where=f"cap = '{cap}'")
+
+    lake.promote("envs", write_part(caps("A", 2, "a0"), "A"), run_id="r", partition="A", partition_column="cap")  # v0
+    lake.promote("envs", write_part(caps("B", 2, "b1"), "B"), run_id="r", partition="B", partition_column="cap")  # v1
+    # a benchmark read the published envs (A@0, B@1) and recorded version 1
+    lake.promote("scores", lake.write("scores", envs([1]), lineage=lin(envs=1), mode="overwrite"), run_id="r")
+    write_part(caps("A", 3, "BAD"), "A")  # v2, v3: their checks failed, never promoted
+    write_part(caps("A", 3, "BAD2"), "A")
+    lake.promote("envs", write_part(caps("B", 1, "b4"), "B"), run_id="r", partition="B", partition_column="cap")  # v4
+    write_part(caps("C", 1, "c5"), "C")  # v5: latest, never promoted
+    before = sorted_data(lake.read_promoted("envs")[0].sort("env_id"))
+
+    assert lake.retained_versions()["envs"] == {0, 1, 4, 5}
+    assert len({v.table: v for v in lake.vacuum(0)}["envs"].files) == 1  # v2's rows of A, which v3 replaced
+    with pytest.raises(LakeError):
+        lake.read("envs", version=2)
+    assert sorted(lake.read("envs", version=1)["tag"].unique()) == ["a0", "b1"]  # what the benchmark read
+    after = lake.read_promoted("envs")[0]
+    assert sorted_data(after.sort("env_id")).equals(before)
+    assert sorted(zip(after["env_id"], after["tag"])) == [("A0", "a0"), ("A1", "a0"), ("B0", "b4")]
+    # the vacuum's two commits change no data: B, which no later commit replaced, is still read at the latest version
+    assert lake._unchanged_since("envs", "cap", {"A": 0, "B": 4}) == (7, {"B"})
+
+
+def test_cowork_vacuum_command(lake: Lake, tmp_path: Path, capsys) -> None:
+    from assets.cli import main
+
+    for i in range(3):
+        lake.promote("specs", lake.write("specs", envs([i]), lineage=lin(), mode="overwrite"), run_id="r")
+    assert main(["vacuum", "--lake", lake.root, "--dry-run", "--retain-hours", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "specs: would delete 0 files; versions kept readable: 2" in out  # removed less than an hour ago
+    assert lake.read("specs", version=0)["env_id"].to_list() == ["e0"]
+    assert main(["vacuum", "--lake", str(tmp_path / "nowhere")]) == 2
+    assert "no lake at" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["vacuum", "--lake", lake.root, "--retain-hours", "0"])
+    assert e.value.code == 2 and "at least 1" in capsys.readouterr().err
