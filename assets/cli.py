@@ -211,16 +211,25 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env, cwd=str(Path(__file__).parent.parent))
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    import json
-
+def _existing_lake(args: argparse.Namespace, cmd: str) -> str | None:
+    """The lake root the command reads (``--lake``, else the default), or None (and why, on stderr) when there is none."""
     from assets.lineage_cli import default_lake
-    from cowork_pipeline.describe import checker_source, describe, find_environment
-    from cowork_pipeline.lake import Lake
 
     root = default_lake(args)
     if "://" not in root and not Path(root).is_dir():
-        print(f"cowork show: no lake at {root} (run `cowork run` first, or pass --lake PATH)", file=sys.stderr)
+        print(f"cowork {cmd}: no lake at {root} (run `cowork run` first, or pass --lake PATH)", file=sys.stderr)
+        return None
+    return root
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import json
+
+    from cowork_pipeline.describe import checker_source, describe, find_environment
+    from cowork_pipeline.lake import Lake
+
+    root = _existing_lake(args, "show")
+    if root is None:
         return 2
     try:
         rec = find_environment(Lake(root), args.env_id)
@@ -239,12 +248,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
-    from assets.lineage_cli import default_lake
     from cowork_pipeline.lake import Lake, LakeError
 
-    root = default_lake(args)
-    if "://" not in root and not Path(root).is_dir():
-        print(f"cowork vacuum: no lake at {root} (pass --lake PATH)", file=sys.stderr)
+    root = _existing_lake(args, "vacuum")
+    if root is None:
         return 2
     try:
         done = Lake(root).vacuum(args.retain_hours, dry_run=args.dry_run)
