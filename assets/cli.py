@@ -248,22 +248,18 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
+    from assets.maintenance import vacuum
     from cowork_pipeline.lake import Lake, LakeError
 
     root = _existing_lake(args, "vacuum")
     if root is None:
         return 2
     try:
-        done = Lake(root).vacuum(args.retain_hours, dry_run=args.dry_run)
-    except LakeError as e:
+        done = vacuum(Lake(root), args.retain_hours, args.dry_run)
+    except (LakeError, OSError) as e:
         print(f"cowork vacuum: {e}", file=sys.stderr)
         return 1
-    verb = "would delete" if args.dry_run else "deleted"
-    for v in done:
-        kept = ", ".join(map(str, v.kept_versions[:8])) + (", ..." if len(v.kept_versions) > 8 else "")
-        print(f"{v.table}: {verb} {len(v.files)} files; versions kept readable: {kept}")
-    print(f"{verb} {sum(len(v.files) for v in done)} files of {len(done)} tables (removed more than {args.retain_hours} h ago, "
-          "read by no published version nor by the lineage of any)")
+    print("\n".join(done.lines()))
     return 0
 
 
@@ -331,7 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--lake", help="lake root (default: $COWORK_LAKE or <home>/lake)")
     w.set_defaults(fn=cmd_show)
     v = sub.add_parser("vacuum", help="delete the lake's files that no published version and no lineage reads any more "
-                                      "(older versions stay readable only where something still reads them)")
+                                      "(older versions stay readable only where something still reads them), and the "
+                                      "weights of registered checkpoints that are neither current nor named by a score")
     v.add_argument("--retain-hours", type=int, default=168,
                    help="keep files removed less than this long ago (default 168, a week; at least 1: a run writing meanwhile "
                         "must keep the files it has not committed yet)")

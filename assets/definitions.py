@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import automation, evaluation, models, rl, synthesis
+from assets import automation, evaluation, maintenance, models, rl, synthesis
 from resources import AgentsResource, ComputeResource, GeneratorResource, LakeResource, ProfileResource
 
 ALL_ASSETS = [synthesis.capability_specs, synthesis.synthesized_environments, synthesis.environment_splits,
@@ -18,7 +18,8 @@ def resources(profile: ProfileResource | None = None, lake: LakeResource | None 
 
 def build_definitions(profile: ProfileResource | None = None, lake: LakeResource | None = None) -> dg.Definitions:
     return dg.Definitions(assets=automation.with_automation_conditions(ALL_ASSETS), resources=resources(profile, lake),
-                          jobs=automation.JOBS, sensors=automation.SENSORS, schedules=automation.SCHEDULES)
+                          jobs=[*automation.JOBS, maintenance.lake_vacuum], sensors=automation.SENSORS,
+                          schedules=[*automation.SCHEDULES, maintenance.weekly_vacuum])
 
 
 defs = build_definitions()

@@ -9,7 +9,7 @@ from assets.models import envs_by_split, model_dir
 from cowork_pipeline.evaluation import Contestant, Scoring, comparison_table, markdown_table, rebase, report, score_contestants
 from cowork_pipeline.lake import ANY_PUBLISHED, NotPromoted, PublishConflict
 from cowork_pipeline.quality import Expect
-from cowork_pipeline.training.registry import checkpoint_key, latest_trained
+from cowork_pipeline.training.registry import checkpoint_key, current_checkpoints
 from resources import AgentsResource, ComputeResource, LakeResource, ProfileResource
 
 HELDOUT = ("heldout_env", "heldout_capability")
@@ -35,18 +35,6 @@ def _previous_scores(context: AssetExecutionContext, lk) -> tuple[pl.DataFrame |
     except Exception as e:  # noqa: BLE001 - a cache: an unreadable table costs a re-score, never the run
         context.log.warning(f"earlier benchmark_scores not reused ({type(e).__name__}: {e}); scoring every agent")
         return None, ANY_PUBLISHED
-
-
-def _agents(ckpts: pl.DataFrame) -> list[dict]:
-    """The base and SFT checkpoints trained last, and the RL checkpoints grown from that SFT one (a re-run with other
-    settings leaves the earlier rows registered: they are history, not agents to score)."""
-    out = []
-    for kind in ("base", "sft"):
-        latest = latest_trained(ckpts.filter(pl.col("kind") == kind).to_dicts())
-        out += [latest] if latest else []
-    sft = out[-1]["checkpoint_id"] if out and out[-1]["kind"] == "sft" else None
-    rl = ckpts.filter((pl.col("kind") == "rl") & ((pl.col("base_checkpoint_id") == sft) if sft else pl.lit(True)))
-    return out + rl.sort("checkpoint_id").to_dicts()
 
 
 @dg.asset(group_name="evaluation", code_version="1", deps=["checkpoints", "rl_checkpoints", "environment_splits"],
@@ -78,7 +66,7 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                            checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device, libs=libs),
                            build=lambda r=r: HFAgent(r["path"], device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed),
                            config={"path": r["path"], "max_new_tokens": profile.max_new_tokens, "device": device})
-                for r in _agents(ckpts)]
+                for r in current_checkpoints(ckpts.to_dicts())]
     # models behind OpenAI-compatible endpoints: scored the same way, every time they are given
     remote = [Contestant(a.name, ckpt_id, a.key(), build=lambda a=a: a, config=a.describe(), always=True) for ckpt_id, a in endpoints]
     teacher = Contestant("teacher:embedded", "teacher-embedded", TEACHER_KEY, per_environment=EmbeddedTeacher)

@@ -443,6 +443,10 @@ class Lake:
         """The table (optionally at ``version``, optionally only ``columns``)."""
         return self._select(table, version, columns)
 
+    def columns(self, table: str, version: int | None = None) -> list[str]:
+        """The table's column names (at ``version``), from its schema: no data is read."""
+        return list(self._open(table, version).schema().to_arrow().names)
+
     def _select(
         self, table: str, version: int | None, columns: Sequence[str] | None, where: str = ""
     ) -> pl.DataFrame:
@@ -664,14 +668,16 @@ class Lake:
             out |= {(t, int(v)) for t, v in ups.items() if isinstance(t, str) and isinstance(v, int)} if isinstance(ups, dict) else set()
         return out
 
-    def vacuum(self, retain_hours: int = 168, *, dry_run: bool = False) -> list[Vacuumed]:
-        """Delete the files of every published table that no retained version (:meth:`retained_versions`) reads and
-        that were removed from the table more than ``retain_hours`` ago. Reading an older version (time travel, the
-        lineage of an id a later write replaced) then fails, for the versions it deleted only. A run writing at the
-        same time keeps its files for ``retain_hours`` (keep it above the longest run)."""
+    def vacuum(self, retain_hours: int = 168, *, dry_run: bool = False,
+               retained: dict[str, set[int]] | None = None) -> list[Vacuumed]:
+        """Delete the files of every published table that no retained version (:meth:`retained_versions`, or
+        ``retained`` when the caller computed them already) reads and that were removed from the table more than
+        ``retain_hours`` ago. Reading an older version (time travel, the lineage of an id a later write replaced)
+        then fails, for the versions it deleted only. A run writing at the same time keeps its files for
+        ``retain_hours`` (keep it above the longest run)."""
         if retain_hours < 0:
             raise ValueError(f"retain_hours must be >= 0, got {retain_hours}")
-        keep = self.retained_versions()
+        keep = {t: set(v) for t, v in (self.retained_versions() if retained is None else retained).items()}
         if self.exists(PROMOTIONS_TABLE):
             keep[PROMOTIONS_TABLE] = {self._open(PROMOTIONS_TABLE).version()}
         out = []

@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import polars as pl
@@ -471,6 +472,8 @@ class _Tracer:
         config = _loads(r.get("config_json"), {})
         n.attrs = {"kind": r.get("kind"), "path": r.get("path"), "base_model": r.get("base_model"),
                    "base_checkpoint_id": r.get("base_checkpoint_id"), "device": r.get("device"), "data_versions": data_versions}
+        if r.get("path") and "://" not in str(r["path"]):  # `cowork vacuum` deletes superseded weights; the row stays
+            n.attrs["weights_on_disk"] = Path(str(r["path"])).exists()
         if metrics:
             keep = ("first_loss", "last_loss", "steps", "train_tokens", "mean_reward", "pass_rate", "step", "lora")
             n.attrs["metrics"] = {k: v for k, v in metrics.items() if k in keep} or metrics

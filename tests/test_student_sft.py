@@ -371,8 +371,7 @@ def test_the_current_checkpoint_is_the_one_trained_last_not_the_last_row(tmp_pat
 
     import polars as pl
 
-    from assets.evaluation import _agents
-    from cowork_pipeline.training.registry import latest_trained
+    from cowork_pipeline.training.registry import current_checkpoints, latest_trained
 
     old, new = tmp_path / "sft-s1000", tmp_path / "sft-s1300"
     for d, t in ((old, 1_000_000), (new, 2_000_000)):
@@ -388,4 +387,4 @@ def test_the_current_checkpoint_is_the_one_trained_last_not_the_last_row(tmp_pat
     table = pl.DataFrame(rows + [{"checkpoint_id": "base", "kind": "base", "path": str(tmp_path), "base_checkpoint_id": None},
                                  {"checkpoint_id": "rl-a-sft-s1000", "kind": "rl", "path": str(old), "base_checkpoint_id": "sft-s1000"},
                                  {"checkpoint_id": "rl-a-sft-s1300", "kind": "rl", "path": str(new), "base_checkpoint_id": "sft-s1300"}])
-    assert [r["checkpoint_id"] for r in _agents(table)] == ["base", "sft-s1300", "rl-a-sft-s1300"]
+    assert [r["checkpoint_id"] for r in current_checkpoints(table.to_dicts())] == ["base", "sft-s1300", "rl-a-sft-s1300"]

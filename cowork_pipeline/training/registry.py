@@ -1,12 +1,19 @@
-"""Which registered checkpoint is the current one.
+"""Which registered checkpoint is the current one, and which weights nothing reads any more.
 
 The checkpoint registry is a Delta table upserted by checkpoint id, and a merge keeps no row order: after a
 re-run with other training settings the newly trained checkpoint may sit before the one it replaces. "Latest"
 is therefore the checkpoint whose files were written last, not the last row."""
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from cowork_pipeline.lake import Lake
 
 
 def _files(p: Path) -> list[Path]:
@@ -56,3 +63,123 @@ def checkpoint_key(row: dict[str, Any], **settings: Any) -> str:
                                       "data_versions_json", "metrics_json")}
     blob = json.dumps([fields, files, settings], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def current_checkpoints(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The base and SFT checkpoints trained last, and the RL checkpoints grown from that SFT one: what the benchmark
+    scores and RL starts from. A re-run with other settings leaves the earlier rows registered: they are history."""
+    out: list[dict[str, Any]] = []
+    for kind in ("base", "sft"):
+        latest = latest_trained([r for r in rows if r.get("kind") == kind])
+        out += [latest] if latest else []
+    sft = out[-1]["checkpoint_id"] if out and out[-1]["kind"] == "sft" else None
+    rl = [r for r in rows if r.get("kind") == "rl" and (sft is None or r.get("base_checkpoint_id") == sft)]
+    return out + sorted(rl, key=lambda r: str(r["checkpoint_id"]))
+
+
+# ------------------------------------------------------------------ retention
+# Weights are the lake's largest files (a merged 8B checkpoint is ~16 GB) and every retrain on new demonstrations
+# registers new ones beside the old: without retention a lake regenerated nightly grows by its checkpoints each night.
+
+
+@dataclass(frozen=True)
+class StaleFiles:
+    """A directory of model files nothing reads any more: a registered checkpoint's weights or a table version's
+    export (the Hugging Face dataset of a demonstrations version)."""
+
+    kind: str  # "checkpoint" | "export"
+    name: str  # the checkpoint id, or the export's folder name
+    path: Path
+    bytes: int
+
+
+def checkpoints_in_use(rows: list[dict[str, Any]], named: Iterable[str] = ()) -> set[str]:
+    """Ids whose weights something still reads: the current checkpoints (:func:`current_checkpoints`), the ``named``
+    ones (those a retained score names), and the checkpoints each of them was trained from, transitively."""
+    base_of = {str(r["checkpoint_id"]): r.get("base_checkpoint_id") for r in rows}
+    todo = [str(r["checkpoint_id"]) for r in current_checkpoints(rows)] + sorted(named)
+    keep: set[str] = set()
+    while todo:
+        ckpt = todo.pop()
+        if ckpt in keep:
+            continue
+        keep.add(ckpt)
+        if base_of.get(ckpt):
+            todo.append(str(base_of[ckpt]))
+    return keep
+
+
+_EXPORT = re.compile(r"^(?P<table>[A-Za-z0-9_]+)_v(?P<version>\d+)$")
+
+
+def stale_model_files(models_root: Path, registered: list[dict[str, Any]], in_use: set[str], exports_root: Path | None,
+                      retained_versions: dict[str, set[int]], written_before: float) -> list[StaleFiles]:
+    """What :func:`delete_stale` may delete: the folders under ``models_root`` named after a registered checkpoint
+    not ``in_use``, and the folders ``<table>_v<N>`` under ``exports_root`` whose table version is not retained, when
+    their newest file was written before ``written_before`` (epoch seconds; younger ones may belong to a run still
+    writing). A folder no registry row names (a user's own, a training that failed its checks before registering)
+    and an export of a table the lake does not know are left alone."""
+    out: list[StaleFiles] = []
+    ids = {str(r["checkpoint_id"]) for r in registered}
+    for d in _folders(models_root):
+        if d.name in ids and d.name not in in_use and trained_at(str(d)) < written_before:
+            out.append(StaleFiles("checkpoint", d.name, d, _size(d)))
+    for d in _folders(exports_root):
+        m = _EXPORT.match(d.name)
+        if m and m["table"] in retained_versions and int(m["version"]) not in retained_versions[m["table"]] \
+                and trained_at(str(d)) < written_before:
+            out.append(StaleFiles("export", d.name, d, _size(d)))
+    return out
+
+
+def stale_in_lake(lake: Lake, models_root: Path, exports_root: Path | None, retain_hours: float,
+                  retained_versions: dict[str, set[int]] | None = None, now: float | None = None) -> list[StaleFiles]:
+    """:func:`stale_model_files` for a lake: the registered checkpoints are the rows of its checkpoint tables; in use
+    are the current ones among the promoted rows and those that a retained version (``Lake.retained_versions``) of
+    any other table names in a ``checkpoint_id`` column (a score keeps the weights it scored)."""
+    import time
+
+    from cowork_pipeline.lake import NotPromoted
+    from cowork_pipeline.lineage import CHECKPOINT_TABLES
+
+    retained = lake.retained_versions() if retained_versions is None else retained_versions
+    registered: list[dict[str, Any]] = []
+    promoted: list[dict[str, Any]] = []
+    for table in CHECKPOINT_TABLES:
+        if not lake.exists(table):
+            continue
+        registered += lake.read(table).to_dicts()
+        try:
+            promoted += lake.read_promoted(table)[0].to_dicts()
+        except NotPromoted:
+            pass
+    named: set[str] = set()
+    for table, versions in sorted(retained.items()):
+        if table in CHECKPOINT_TABLES or not lake.exists(table):
+            continue
+        for v in sorted(versions):
+            # an unreadable version raises: deleting weights that a version no one could read names is not safe
+            if "checkpoint_id" in lake.columns(table, v):
+                named |= {str(c) for c in lake.read(table, version=v, columns=["checkpoint_id"])["checkpoint_id"].unique() if c}
+    written_before = (time.time() if now is None else now) - retain_hours * 3600
+    return stale_model_files(models_root, registered, checkpoints_in_use(promoted, named), exports_root, retained,
+                             written_before)
+
+
+def delete_stale(files: list[StaleFiles]) -> None:
+    """Delete each folder (one that is already gone is no error: two vacuums may race)."""
+    import shutil
+
+    for f in files:
+        try:
+            shutil.rmtree(f.path)
+        except FileNotFoundError:
+            pass
+
+
+def _folders(root: Path | None) -> list[Path]:
+    return sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink()) if root is not None and root.is_dir() else []
+
+
+def _size(d: Path) -> int:
+    return sum(f.stat().st_size for f in _files(d) if f.is_file())
