@@ -42,6 +42,7 @@ __all__ = [
     "LakeError",
     "Lineage",
     "NotPromoted",
+    "Published",
     "TableNotFound",
     "Vacuumed",
 ]
@@ -536,7 +537,7 @@ class Lake:
             except TableNotFoundError:
                 log = None
             # one read of the log decides both whether anything changes and, conditional, whether it may
-            state = _Published.replay(self._promotion_rows(log, table)) if log is not None else _Published()
+            state = Published.replay(self._promotion_rows(log, table)) if log is not None else Published()
             if state.apply(version, partition, partition_column) == state:
                 return  # already published exactly like this: idempotent
             if conditional:
@@ -591,12 +592,12 @@ class Lake:
         """The published version: that of the latest promotion, or with partitioned
         promotions the newest version any published partition is read at; with
         ``partition``, the version that partition's rows are read at."""
-        return _Published.replay(self.promotions(table)).version(partition)
+        return Published.replay(self.promotions(table)).version(partition)
 
     def read_promoted(self, table: str, columns: Sequence[str] | None = None) -> tuple[pl.DataFrame, int]:
         """(published data, its version): exactly the promoted version's rows, or with
         partitioned promotions each partition's rows at its own promoted version."""
-        state = _Published.replay(self.promotions(table))
+        state = Published.replay(self.promotions(table))
         published = state.version()
         if published is None:
             status = "exists but" if self.exists(table) else "does not exist and"
@@ -636,7 +637,7 @@ class Lake:
             rows = by_table.get(table)
             if rows is None:
                 return set()
-            state = _Published.replay(rows if as_of is None else rows.filter(pl.col("version") <= as_of))
+            state = Published.replay(rows, as_of)
             return {v for v in (state.base, *state.parts.values()) if v is not None}
 
         todo: list[tuple[str, int]] = []
@@ -745,8 +746,9 @@ _PROMOTIONS_SCHEMA = pl.Schema(
 
 
 @dataclass(frozen=True)
-class _Published:
-    """What a table's promotion log publishes: a whole-table version (``base``) and
+class Published:
+    """What a table's promotion log publishes (the one reading of it: ``read_promoted``, vacuum's retention and
+    lineage's "published as of" all replay it here): a whole-table version (``base``) and
     per-partition versions (``parts``) that override it for their partition."""
 
     base: int | None = None
@@ -754,9 +756,12 @@ class _Published:
     parts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def replay(cls, log: pl.DataFrame) -> _Published:
+    def replay(cls, log: pl.DataFrame, as_of: int | None = None) -> Published:
         """The state after applying every row of ``log`` (oldest first) in turn, computed on the columns
-        (a long-lived lake's log has a row per publication: a fold in Python took 0.3 s per 170,000)."""
+        (a long-lived lake's log has a row per publication: a fold in Python took 0.3 s per 170,000). With
+        ``as_of``, what a reader that read version ``as_of`` saw: the promotions of versions up to it only."""
+        if not log.is_empty() and as_of is not None:
+            log = log.filter(pl.col("version") <= as_of)
         if log.is_empty():
             return cls()
         rows = log.select("version", "partition", "partition_column").with_row_index("i")
@@ -772,14 +777,14 @@ class _Published:
         parts = tail.filter(pl.col("i") >= start).group_by("partition").agg(pl.col("version").sort_by("i").last())
         return cls(base, tail["partition_column"][-1], dict(zip(parts["partition"].to_list(), parts["version"].to_list())))
 
-    def apply(self, version: int, partition: str | None, column: str | None) -> _Published:
+    def apply(self, version: int, partition: str | None, column: str | None) -> Published:
         if column is None or partition is None:
-            return _Published(base=version)  # a whole-table promotion supersedes partitions
+            return Published(base=version)  # a whole-table promotion supersedes partitions
         if self.partition_column not in (None, column):
             # The partition scheme changed; partitions of the old scheme can't be
             # combined with the new one, so publish the table as of this version.
-            return _Published(base=version, partition_column=column, parts={partition: version})
-        return _Published(self.base, column, {**self.parts, partition: version})
+            return Published(base=version, partition_column=column, parts={partition: version})
+        return Published(self.base, column, {**self.parts, partition: version})
 
     def version(self, partition: str | None = None) -> int | None:
         if partition is not None:  # the version that partition's rows are read at

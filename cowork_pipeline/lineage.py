@@ -55,7 +55,7 @@ from typing import Any, Iterator
 
 import polars as pl
 
-from cowork_pipeline.lake import PROMOTIONS_TABLE, Lake, LakeError
+from cowork_pipeline.lake import PROMOTIONS_TABLE, Lake, LakeError, Published
 
 __all__ = ["ID_FORMS", "LineageError", "LineageNode", "score_id", "trace", "trace_json", "transcript_summary"]
 
@@ -315,19 +315,7 @@ class _Tracer:
     def published(self, table: str, as_of: int | None = None, partition: str | None = None) -> int | None:
         """The version readers got for ``partition`` of ``table``: today, or as of a reader that recorded
         version ``as_of`` (replaying only promotions of versions <= as_of). None: never promoted."""
-        base, parts = None, {}
-        for rec in self.promotions(table).iter_rows(named=True):
-            if as_of is not None and rec["version"] > as_of:
-                continue
-            if rec.get("partition_column") is None or rec.get("partition") is None:
-                base, parts = rec["version"], {}
-            else:
-                parts[rec["partition"]] = rec["version"]
-        if partition is not None and partition in parts:
-            return parts[partition]
-        if partition is None and parts:
-            return max([*parts.values(), *([] if base is None else [base])])
-        return base
+        return Published.replay(self.promotions(table), as_of).version(partition)
 
     # ---- lookups
     def lookup(self, table: str, column: str, value: Any, version: int | None = None,

@@ -26,7 +26,7 @@ from cowork_pipeline.lake import (
     NotPromoted,
     PublishConflict,
     TableNotFound,
-    _Published,
+    Published,
 )
 
 LIN = Lineage(run_id="run-1", asset="environments", code_version="v1", upstream_versions={"b": 2, "a": 1})
@@ -323,11 +323,35 @@ _LOG_ROW = st.tuples(st.integers(0, 9), st.sampled_from([None, "a", "b", "c"]), 
 def test_replaying_the_promotion_log_on_columns_is_applying_each_promotion_in_turn(log: list) -> None:
     """Whole-table promotions, partition promotions and a change of partition column, in any order: the state read off
     the log's columns at once is the one reached by applying its promotions one by one."""
-    folded = _Published()
+    folded = Published()
     for version, partition, column in log:
         folded = folded.apply(version, partition, column)
     frame = pl.DataFrame(log, schema={"version": pl.Int64, "partition": pl.String, "partition_column": pl.String}, orient="row")
-    assert _Published.replay(frame) == folded
+    assert Published.replay(frame) == folded
+    for as_of in sorted({v for v, _, _ in log}):  # what a reader of version as_of saw: the promotions up to it
+        folded = Published()
+        for version, partition, column in log:
+            folded = folded.apply(version, partition, column) if version <= as_of else folded
+        assert Published.replay(frame, as_of) == folded
+
+
+def test_lineage_reads_the_promotion_log_as_read_promoted_does(lake: Lake) -> None:
+    """After a change of partition column the old scheme's partitions are read at the switching version: lineage's
+    "published as of" says so too (it kept the old partition's own version, which no reader got)."""
+    from cowork_pipeline.lineage import _Tracer
+
+    for cap in ("A", "B"):
+        v = lake.write("envs", envs([1]).with_columns(cap=pl.lit(cap), kind=pl.lit("k")), lineage=LIN, mode="append")
+        lake.promote("envs", v, run_id="r", partition=cap, partition_column="cap")
+    v2 = lake.write("envs", envs([2]).with_columns(cap=pl.lit("C"), kind=pl.lit("x")), lineage=LIN, mode="append")
+    lake.promote("envs", v2, run_id="r", partition="x", partition_column="kind")
+    tracer = _Tracer(lake)
+    for as_of in (None, 0, 1, 2):
+        for part in ("A", "B", "x", None):
+            assert tracer.published("envs", as_of=as_of, partition=part) == \
+                Published.replay(lake.promotions("envs"), as_of).version(part)
+    assert tracer.published("envs", partition="A") == lake.promoted_version("envs", "A") == 2
+    assert tracer.published("envs", as_of=1, partition="A") == 0 and tracer.published("envs", as_of=1) == 1
 
 
 def test_merge_onto_the_published_version_undoes_the_versions_after_it(lake: Lake) -> None:
@@ -442,7 +466,7 @@ def test_read_promoted_reads_each_partition_as_it_was_published(tmp_path_factory
             lake.promote("envs", lake.version("envs"), run_id="r")
     if lake.promoted_version("envs") is None:
         return
-    state = _Published.replay(lake.promotions("envs"))
+    state = Published.replay(lake.promotions("envs"))
     expected = [lake.read("envs", version=v).filter(pl.col("cap") == p) for p, v in state.parts.items()]
     if state.base is not None:
         expected.append(lake.read("envs", version=state.base).filter(~pl.col("cap").is_in(list(state.parts))))
