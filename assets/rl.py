@@ -25,7 +25,7 @@ def rl_training(context: AssetExecutionContext, lake: LakeResource, profile: Pro
     with the same owned GRPO/RLOO-family loop, so the configurations differ only in reward handling and credit assignment."""
     from dataclasses import replace
 
-    from cowork_pipeline.training.rl import DEFAULT_CONFIGS, rollout_rows, rollout_schema, train_rl
+    from cowork_pipeline.training.rl import DEFAULT_CONFIGS, rollout_schema, train_rl
     from cowork_pipeline.validation.sandbox import Sandbox
 
     lk = lake.lake()
