@@ -31,7 +31,7 @@ class LakeVacuum:
         out.append(f"{verb} {sum(len(v.files) for v in self.tables)} files of {len(self.tables)} tables and "
                    f"{len(self.folders)} model folders ({_mb(sum(f.bytes for f in self.folders))}) (written or removed "
                    f"more than {self.retain_hours} h ago, read by no published version nor by the lineage of any; "
-                   "weights: of no current checkpoint nor of one a score names)")
+                   "weights: of no current, newly registered or scored checkpoint)")
         return out
 
 def vacuum(lake: Lake, retain_hours: int, dry_run: bool = False) -> LakeVacuum:

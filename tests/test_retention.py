@@ -67,8 +67,9 @@ def test_the_weights_of_superseded_checkpoints_go_and_those_in_use_stay(tmp_path
 
 
 def nightly_lake(tmp_path: Path) -> Lake:
-    """Two nightly generations registered and published; the published scores name generation 1's SFT and RL
-    checkpoints, an earlier (unretained) scores version named sft-d0; both demonstrations versions were exported."""
+    """Two nightly generations, each registered by its own run and published; the published scores name generation
+    1's SFT and RL checkpoints, an earlier (unretained) scores version named sft-d0; both demonstrations versions
+    were exported."""
     lake = Lake(str(tmp_path / "lake"))
     models = tmp_path / "lake" / "models"
     old, new = generation(models, 0, 30), generation(models, 1, 10)
@@ -83,11 +84,15 @@ def nightly_lake(tmp_path: Path) -> Lake:
     for d in (0, 1):
         publish("demonstrations", pl.DataFrame({"demo_id": [f"demo-{d}"]}))
     schema = {"checkpoint_id": pl.String, "kind": pl.String, "base_checkpoint_id": pl.String, "path": pl.String}
-    registry = [{k: r[k] for k in schema} for r in old + new]
-    publish("checkpoints", pl.DataFrame([r for r in registry if r["kind"] != "rl"], schema=schema), demonstrations=1)
-    publish("rl_checkpoints", pl.DataFrame([r for r in registry if r["kind"] == "rl"], schema=schema), checkpoints=0)
+    for night, d in ((old, 0), (new, 1)):  # each night's run registers its checkpoints (a keyed write) and publishes
+        registry = [{k: r[k] for k in schema} for r in night]
+        for table, rows in (("checkpoints", [r for r in registry if r["kind"] != "rl"]),
+                            ("rl_checkpoints", [r for r in registry if r["kind"] == "rl"])):
+            v = lake.write(table, pl.DataFrame(rows, schema=schema), key=["checkpoint_id"],
+                           lineage=Lineage.local(table, upstream_versions={"demonstrations": d}))
+            lake.promote(table, v, run_id=f"night-{d}")
     publish("benchmark_scores", pl.DataFrame({"checkpoint_id": ["sft-d0"], "score": [0.5]}), checkpoints=0)
-    publish("benchmark_scores", pl.DataFrame({"checkpoint_id": ["sft-d1", "rl-a-sft-d1"], "score": [0.6, 0.7]}), checkpoints=0)
+    publish("benchmark_scores", pl.DataFrame({"checkpoint_id": ["sft-d1", "rl-a-sft-d1"], "score": [0.6, 0.7]}), checkpoints=1)
     return lake
 
 
@@ -99,13 +104,15 @@ def test_cowork_vacuum_deletes_the_weights_no_score_and_no_current_checkpoint_re
     assert main(["vacuum", "--lake", lake.root, "--dry-run", "--retain-hours", "24"]) == 0
     out = capsys.readouterr().out
     assert "checkpoint weights: would delete 3 folders (0.0 MB): base-d0, rl-a-sft-d0, sft-d0" in out
-    assert "dataset exports: would delete 1 folders (0.0 MB): demonstrations_v0" in out
+    # the registry's merged rows of night 0 still name demonstrations v0 as their lineage: that version, and its export,
+    # stay (an export goes with its version only: the first test)
+    assert "dataset exports" not in out
     assert (models / "sft-d0").is_dir()
 
     assert main(["vacuum", "--lake", lake.root, "--retain-hours", "24"]) == 0
     assert "checkpoint weights: deleted 3 folders" in capsys.readouterr().out
     assert sorted(p.name for p in models.iterdir()) == ["base-d1", "rl-a-sft-d1", "sft-d1"]
-    assert sorted(p.name for p in (tmp_path / "lake" / "datasets").iterdir()) == ["demonstrations_v1"]
+    assert sorted(p.name for p in (tmp_path / "lake" / "datasets").iterdir()) == ["demonstrations_v0", "demonstrations_v1"]
     # the registry keeps its rows (lineage still names what trained a score); a second vacuum finds nothing more
     assert lake.read_promoted("checkpoints")[0].height == 4
     assert main(["vacuum", "--lake", lake.root, "--retain-hours", "24"]) == 0
@@ -135,7 +142,7 @@ def test_the_lake_vacuum_job_and_its_schedule(tmp_path: Path) -> None:
                                      instance=instance)
         assert dry.success
         meta = [e for e in dry.all_node_events if e.event_type_value == "STEP_OUTPUT"][0].event_specific_data.metadata
-        assert meta["model_folders"].value == ["base-d0", "rl-a-sft-d0", "sft-d0", "demonstrations_v0"]
+        assert meta["model_folders"].value == ["base-d0", "rl-a-sft-d0", "sft-d0"]
         assert (tmp_path / "lake" / "models" / "sft-d0").is_dir()
         assert job.execute_in_process(instance=instance).success  # default config: a week; these folders are 10-30 days old
         assert sorted(p.name for p in (tmp_path / "lake" / "models").iterdir()) == ["base-d1", "rl-a-sft-d1", "sft-d1"]
@@ -144,3 +151,24 @@ def test_the_lake_vacuum_job_and_its_schedule(tmp_path: Path) -> None:
         assert not bad.success
     schedule = defs.resolve_schedule_def("weekly_vacuum")
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED and schedule.job_name == "lake_vacuum"
+
+
+def test_what_is_current_and_newest_is_judged_by_the_lake_itself(tmp_path: Path) -> None:
+    """A lake moved elsewhere keeps its rows' old paths: "trained last" is read off the folders under its own models
+    root. And the checkpoints the registry's last write registered stay even when their files look older (a folder
+    restored from a backup): only what a later registration superseded goes."""
+    from cowork_pipeline.training.registry import stale_in_lake
+
+    lake = nightly_lake(tmp_path)
+    moved = tmp_path / "moved"
+    (tmp_path / "lake").rename(moved)
+    lake = Lake(str(moved))
+    stale = stale_in_lake(lake, moved / "models", moved / "datasets", retain_hours=24)
+    assert [f.name for f in stale] == ["base-d0", "rl-a-sft-d0", "sft-d0"]
+
+    t = time.time() - 40 * DAY  # generation 1's files now look older than generation 0's
+    for f in (moved / "models").glob("*-d1/*"):
+        os.utime(f, (t, t))
+    stale = stale_in_lake(lake, moved / "models", moved / "datasets", retain_hours=24)
+    # generation 0 now looks trained last, so it is current; generation 1 stays as the newest registration
+    assert stale == []

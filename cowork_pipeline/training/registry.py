@@ -135,8 +135,9 @@ def stale_model_files(models_root: Path, registered: list[dict[str, Any]], in_us
 def stale_in_lake(lake: Lake, models_root: Path, exports_root: Path | None, retain_hours: float,
                   retained_versions: dict[str, set[int]] | None = None, now: float | None = None) -> list[StaleFiles]:
     """:func:`stale_model_files` for a lake: the registered checkpoints are the rows of its checkpoint tables; in use
-    are the current ones among the promoted rows and those that a retained version (``Lake.retained_versions``) of
-    any other table names in a ``checkpoint_id`` column (a score keeps the weights it scored)."""
+    are the current ones among the promoted rows, those the last write of a checkpoint table registered, and those
+    that a retained version (``Lake.retained_versions``) of any other table names in a ``checkpoint_id`` column (a
+    score keeps the weights it scored)."""
     import time
 
     from cowork_pipeline.lake import NotPromoted
@@ -145,10 +146,15 @@ def stale_in_lake(lake: Lake, models_root: Path, exports_root: Path | None, reta
     retained = lake.retained_versions() if retained_versions is None else retained_versions
     registered: list[dict[str, Any]] = []
     promoted: list[dict[str, Any]] = []
+    newest: set[str] = set()
     for table in CHECKPOINT_TABLES:
         if not lake.exists(table):
             continue
-        registered += lake.read(table).to_dicts()
+        rows = lake.read(table).to_dicts()
+        registered += rows
+        # the newest registrations stay whatever their files' times say (a copied or restored folder keeps old ones)
+        last = next((h["run_id"] for h in lake.history(table) if h.get("run_id")), None)
+        newest |= {str(r["checkpoint_id"]) for r in rows if last is not None and r.get("_run_id") == last}
         try:
             promoted += lake.read_promoted(table)[0].to_dicts()
         except NotPromoted:
@@ -161,9 +167,12 @@ def stale_in_lake(lake: Lake, models_root: Path, exports_root: Path | None, reta
             # an unreadable version raises: deleting weights that a version no one could read names is not safe
             if "checkpoint_id" in lake.columns(table, v):
                 named |= {str(c) for c in lake.read(table, version=v, columns=["checkpoint_id"])["checkpoint_id"].unique() if c}
+    # judge "trained last" by the folders this vacuum would delete (a lake copied or moved keeps its rows' old paths)
+    promoted = [{**r, "path": str(models_root / str(r["checkpoint_id"]))} if (models_root / str(r["checkpoint_id"])).is_dir()
+                else r for r in promoted]
     written_before = (time.time() if now is None else now) - retain_hours * 3600
-    return stale_model_files(models_root, registered, checkpoints_in_use(promoted, named), exports_root, retained,
-                             written_before)
+    return stale_model_files(models_root, registered, checkpoints_in_use(promoted, named | newest), exports_root,
+                             retained, written_before)
 
 
 def delete_stale(files: list[StaleFiles]) -> None:
