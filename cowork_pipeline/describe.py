@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 from cowork_pipeline.lake import Lake, LakeError
-from cowork_pipeline.spec import EnvironmentSpec
+from cowork_pipeline.spec import EnvironmentSpec, capability_of
 
 _WIDTH = 110  # long texts (bodies, replies) are cut to this many characters; --json has them whole
 
@@ -54,8 +54,8 @@ def find_environment(lake: Lake, env_id: str) -> EnvironmentRecord:
         except LakeError:
             continue
         hit = df.filter(pl.col("env_id") == env_id)
-        if hit.is_empty():
-            known += df.filter(pl.col("env_id").str.starts_with(env_id.rsplit("-", 1)[0] + "-"))["env_id"].to_list()
+        if hit.is_empty():  # (a mistyped id, "invoice_reconcile-3", still finds its capability's ids)
+            known += df.filter(pl.col("env_id").str.starts_with(f"{capability_of(env_id) or env_id.rsplit('-', 1)[0]}-"))["env_id"].to_list()
             continue
         return record_of(hit.row(0, named=True), status, table, version, _split(lake, env_id))
     near = f" (its capability has {', '.join(sorted(known)[:5])}{', ...' if len(known) > 5 else ''})" if known else ""

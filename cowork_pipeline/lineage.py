@@ -56,6 +56,7 @@ from typing import Any, Iterator
 import polars as pl
 
 from cowork_pipeline.lake import PROMOTIONS_TABLE, Lake, LakeError, Published
+from cowork_pipeline.spec import capability_of
 
 __all__ = ["ID_FORMS", "LineageError", "LineageNode", "score_id", "trace", "trace_json", "transcript_summary"]
 
@@ -574,7 +575,7 @@ class _Tracer:
 
     def environment(self, env_id: str, version: int | None, *, split: str | None = None,
                     capability: str | None = None, run_id: str | None = None) -> LineageNode:
-        cap_guess = capability or _capability_of(env_id)
+        cap_guess = capability or capability_of(env_id)
         hit = None
         if run_id:
             v = self.version_by_run("validated_environments", run_id)
@@ -703,12 +704,6 @@ class _Tracer:
         return a
 
 
-def _capability_of(any_id: str) -> str | None:
-    """The capability (partition) of an environment id ``<cap>-000123`` or attempt id ``<cap>-s123-a1``."""
-    m = re.match(r"^(.+)-\d{6}$", any_id) or re.match(r"^(.+)-s\d+-a\d+$", any_id)
-    return m.group(1) if m else None
-
-
 # ----------------------------------------------------------------------------------------- resolution
 def _score_rows(t: _Tracer, rest: str) -> tuple[pl.DataFrame, int] | None:
     """Parse ``[<run_id>:]<checkpoint_id|agent>:<env_id>[:<trial>]`` and return the matching score rows."""
@@ -779,11 +774,11 @@ def _build(t: _Tracer, kind: str, table: str, key: str) -> LineageNode | None:
         hit = t.lookup_any_version("rl_rollouts", "rollout_id", key)
         return t.rollout(hit) if hit else None
     if kind == "environment":
-        if t.lookup(table, "env_id", key, partition=_capability_of(key)) is None and t.lookup(table, "env_id", key) is None:
+        if t.lookup(table, "env_id", key, partition=capability_of(key)) is None and t.lookup(table, "env_id", key) is None:
             return None
         return t.environment(key, None)
     if kind == "attempt":
-        cap = _capability_of(key)
+        cap = capability_of(key)
         hit = t.lookup("repair_log", "attempt_id", key, partition=cap) or t.lookup("repair_log", "attempt_id", key)
         if hit is None:  # only a draft (e.g. the attempt's repair_log partition was replaced): read environment_drafts
             d = t.lookup(table, "attempt_id", key, partition=cap) or t.lookup(table, "attempt_id", key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -95,3 +96,23 @@ class EnvironmentSpec(_Model):
 
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------------------------- ids
+def environment_id(capability_id: str, seed: int) -> str:
+    """The id of the environment a capability's ``seed`` draws, whichever backend drafts it: ``<cap>-000123``."""
+    return f"{capability_id}-{seed:06d}"
+
+
+def attempt_id(capability_id: str, seed: int, attempt: int) -> str:
+    """The id of one drafting attempt (round) of that environment: ``<cap>-s123-a1``."""
+    return f"{capability_id}-s{seed}-a{attempt}"
+
+
+_ID_FORMS = (re.compile(r"^(.+)-\d{6}$"), re.compile(r"^(.+)-s\d+-a\d+$"))
+
+
+def capability_of(any_id: str) -> str | None:
+    """The capability (partition) of an environment id or an attempt id; None for any other string."""
+    m = next((m for m in (p.match(any_id) for p in _ID_FORMS) if m), None)
+    return m.group(1) if m else None

@@ -5855,3 +5855,18 @@ def test_the_checker_prelude_trips_no_validator_rule():
     from cowork_pipeline.validation.sandbox import _calls_nondeterministic
 
     assert not _calls_nondeterministic(PRELUDE)
+
+
+def test_ids_name_their_capability_whichever_backend_drafts_them(backend):
+    """Every id a capability's synthesis writes (environment and attempt, embedded or LLM backend) gives its
+    capability back: the partition lineage and `cowork show` look in."""
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.spec import attempt_id, capability_of, environment_id
+
+    cap = load_catalog()["invoice_reconcile"]
+    draft = backend.draft(cap, 7)
+    assert draft.spec.env_id == environment_id("invoice_reconcile", 7) == "invoice_reconcile-000007"
+    assert draft.draft_id == attempt_id("invoice_reconcile", 7, draft.attempt)
+    for any_id in (draft.spec.env_id, draft.draft_id, "ticket_triage_followup-s123-a3"):
+        assert capability_of(any_id) == any_id.split("-")[0]
+    assert [capability_of(x) for x in ("invoice_reconcile-3", "invoice_reconcile", "")] == [None, None, None]

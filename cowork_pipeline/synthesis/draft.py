@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cowork_pipeline.capabilities import Capability
-from cowork_pipeline.spec import EnvironmentSpec
+from cowork_pipeline.spec import EnvironmentSpec, attempt_id
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Draft:
 
     @property
     def draft_id(self) -> str:
-        return f"{self.capability_id}-s{self.seed}-a{self.attempt}"
+        return attempt_id(self.capability_id, self.seed, self.attempt)
 
 
 class GeneratorBackend(Protocol):

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from cowork_pipeline.capabilities import Capability
 from cowork_pipeline.services import REGISTRY
-from cowork_pipeline.spec import EnvironmentSpec, Event, GeneratorInfo, ProgramTurn, RubricItem, Turn
+from cowork_pipeline.spec import EnvironmentSpec, Event, GeneratorInfo, ProgramTurn, RubricItem, Turn, environment_id
 from cowork_pipeline.synthesis.checks import CheckSpec, ItemPlan, source
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.synthesis.injections import plant
@@ -158,7 +158,7 @@ def finish(ctx: Ctx, comp: Composition, attempt: int) -> EnvironmentSpec:
         "reference_steps": steps, "turns": len(comp.turns), "injections": 0,
     }
     spec = EnvironmentSpec(
-        env_id=f"{cap.id}-{ctx.seed:06d}", capability_id=cap.id, seed=ctx.seed, title=comp.title,
+        env_id=environment_id(cap.id, ctx.seed), capability_id=cap.id, seed=ctx.seed, title=comp.title,
         multi_turn=len(comp.turns) > 1,
         generator=GeneratorInfo(backend="embedded", version=GENERATOR_VERSION, prompt_version=None, attempt=attempt),
         difficulty=difficulty, system_prompt=system_prompt(comp.world), world=comp.world.state, tools=list(cap.tools),

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from cowork_pipeline.capabilities import Capability
 from cowork_pipeline.chat_client import ChatClient, TransportError
 from cowork_pipeline.services import REGISTRY, tools_for
-from cowork_pipeline.spec import EnvironmentSpec, GeneratorInfo, canonical_json
+from cowork_pipeline.spec import EnvironmentSpec, GeneratorInfo, canonical_json, environment_id
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.synthesis.injections import FORBIDDING
 
@@ -316,7 +316,7 @@ def parse_spec(content: str | None, cap: Capability, seed: int, *, attempt: int,
     known = set(EnvironmentSpec.model_fields)
     dropped = sorted(k for k in obj if k not in known)
     data = {k: v for k, v in obj.items() if k in known}
-    data.update(env_id=f"{cap.id}-{seed:06d}", capability_id=cap.id, seed=seed,
+    data.update(env_id=environment_id(cap.id, seed), capability_id=cap.id, seed=seed,
                 generator=GeneratorInfo(backend="llm", version=BACKEND_VERSION, prompt_version=prompt_version,
                                         attempt=attempt, model=model).model_dump())
     data.setdefault("tools", list(cap.tools))

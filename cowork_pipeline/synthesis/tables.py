@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import polars as pl
 
 from cowork_pipeline.capabilities import Capability
+from cowork_pipeline.spec import environment_id
 from cowork_pipeline.synthesis.draft import GeneratorBackend
 from cowork_pipeline.synthesis.repair import Outcome, synthesize, telemetry
 from cowork_pipeline.validation.certify import VALIDATOR_VERSION, Validator
@@ -53,7 +54,7 @@ def tables_from(capability: Capability, outcomes: Sequence[Outcome], backend: Ge
     for o in outcomes:
         for a in o.attempts:
             d, spec = a.draft, a.draft.spec
-            drafts.append({"attempt_id": d.draft_id, "env_id": spec.env_id if spec else f"{d.capability_id}-{d.seed:06d}",
+            drafts.append({"attempt_id": d.draft_id, "env_id": spec.env_id if spec else environment_id(d.capability_id, d.seed),
                            "capability_id": d.capability_id, "seed": d.seed, "round": d.attempt, "backend": d.backend,
                            "generator_version": getattr(backend, "version", "?"), "spec_json": spec.to_json() if spec else None,
                            "spec_hash": spec.content_hash() if spec else None, "raw": d.raw,
