@@ -1,7 +1,8 @@
 """One environment as a reviewer reads it: the task turn by turn with the reference's calls, the rubric, the planted
 instruction, and the certification that proves its grader (which mutant each item killed), or why it was rejected.
 
-``cowork show <env_id>`` prints :func:`describe` of the promoted row (:func:`find_environment`); ``--checker ITEM``
+``cowork show <env_id>`` prints :func:`describe` of the promoted row, else of the latest version's, marked not
+promoted (:func:`find_environment`); ``--checker ITEM``
 prints an item's checker source and ``--json`` the whole record.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ _WIDTH = 110  # long texts (bodies, replies) are cut to this many characters; --
 
 @dataclass
 class EnvironmentRecord:
-    """A promoted environment row: certified (``validated_environments``) or rejected (``rejected_environments``)."""
+    """An environment row: certified (``validated_environments``) or rejected (``rejected_environments``); promoted,
+    unless only a version that was never published (its blocking checks failed, or it awaits them) has it."""
 
     status: str  # "certified" | "rejected"
     table: str
@@ -29,10 +31,11 @@ class EnvironmentRecord:
     spec: EnvironmentSpec | None
     split: str | None = None
     mutants: list[dict[str, Any]] = field(default_factory=list)
+    promoted: bool = True
 
     def to_json(self) -> dict[str, Any]:
         row = {k: v for k, v in self.row.items() if k not in ("spec_json", "last_spec_json", "mutants_json", "confusion_json")}
-        return {"status": self.status, "table": f"{self.table}@{self.version}", "split": self.split, "row": row,
+        return {"status": self.status, "table": f"{self.table}@{self.version}", "promoted": self.promoted, "split": self.split, "row": row,
                 "confusion": json.loads(self.row.get("confusion_json") or "null"), "mutants": self.mutants,
                 "spec": self.spec.model_dump(mode="json") if self.spec is not None else None}
 
@@ -45,21 +48,25 @@ def record_of(row: dict[str, Any], status: str, table: str, version: int, split:
 
 
 def find_environment(lake: Lake, env_id: str) -> EnvironmentRecord:
-    """The promoted row of ``env_id`` (certified first, then rejected) with its split; LookupError when neither
-    table has it, naming the ids of its capability that do exist."""
-    known: list[str] = []
-    for table, status in (("validated_environments", "certified"), ("rejected_environments", "rejected")):
-        try:
-            df, version = lake.read_promoted(table)
-        except LakeError:
-            continue
-        hit = df.filter(pl.col("env_id") == env_id)
-        if hit.is_empty():  # (a mistyped id, "invoice_reconcile-3", still finds its capability's ids)
-            known += df.filter(pl.col("env_id").str.starts_with(f"{capability_of(env_id) or env_id.rsplit('-', 1)[0]}-"))["env_id"].to_list()
-            continue
-        return record_of(hit.row(0, named=True), status, table, version, _split(lake, env_id))
+    """The promoted row of ``env_id`` (certified first, then rejected) with its split; else its row in the latest
+    version of either table, marked not promoted (what a reviewer of a run whose checks failed needs to read);
+    LookupError when no table has it, naming the ids of its capability that do exist."""
+    known: set[str] = set()
+    for promoted in (True, False):
+        for table, status in (("validated_environments", "certified"), ("rejected_environments", "rejected")):
+            try:
+                df, version = lake.read_promoted(table) if promoted else (lake.read(table), lake.version(table))
+            except LakeError:
+                continue
+            hit = df.filter(pl.col("env_id") == env_id)
+            if hit.is_empty():  # (a mistyped id, "invoice_reconcile-3", still finds its capability's ids)
+                known |= set(df.filter(pl.col("env_id").str.starts_with(f"{capability_of(env_id) or env_id.rsplit('-', 1)[0]}-"))["env_id"].to_list())
+                continue
+            rec = record_of(hit.row(0, named=True), status, table, int(version or 0), _split(lake, env_id))
+            rec.promoted = promoted
+            return rec
     near = f" (its capability has {', '.join(sorted(known)[:5])}{', ...' if len(known) > 5 else ''})" if known else ""
-    raise LookupError(f"no environment '{env_id}' in the promoted validated_environments or rejected_environments{near}")
+    raise LookupError(f"no environment '{env_id}' in validated_environments or rejected_environments{near}")
 
 
 def _split(lake: Lake, env_id: str) -> str | None:
@@ -102,7 +109,8 @@ def describe(rec: EnvironmentRecord) -> str:
     r, spec = rec.row, rec.spec
     title = spec.title if spec is not None else r.get("title", "")
     out = [f"{r['env_id']}: {title}"]
-    where = f"{rec.status} ({rec.table}@{rec.version}) · capability {r.get('capability_id')} · seed {r.get('seed')}"
+    where = f"{rec.status} ({rec.table}@{rec.version}{'' if rec.promoted else ', NOT PROMOTED: no published version has it'})" \
+        f" · capability {r.get('capability_id')} · seed {r.get('seed')}"
     out.append("  " + where + (f" · split {rec.split}" if rec.split else ""))
     if spec is not None:
         d = spec.difficulty

@@ -86,6 +86,27 @@ def test_a_rejected_environment_shows_why(lake, capsys):
     assert "Rubric (" in out and "Mutants (" not in out
 
 
+def test_an_environment_no_published_version_has_shows_it_was_not_promoted(lake, capsys, tmp_path):
+    """A run whose blocking checks failed leaves its rows in a version never published: `cowork show` still reads
+    them, and says so, so the reviewer can see what failed."""
+    import shutil
+
+    from cowork_pipeline.lake import Lake, Lineage
+
+    copy = Lake(str(shutil.copytree(lake.root, tmp_path / "lake")))
+    envs, published = copy.read_promoted("validated_environments")
+    row = envs.filter(pl.col("capability_id") == "invoice_reconcile").head(1).with_columns(env_id=pl.lit("invoice_reconcile-000099"))
+    v = copy.write("validated_environments", row.drop([c for c in row.columns if c.startswith("_")]),
+                   lineage=Lineage.local("validated_environments"), mode="append")
+    assert copy.read_promoted("validated_environments")[1] == published  # written, never promoted
+    code, out, _ = _show(capsys, copy, "invoice_reconcile-000099")
+    assert code == 0 and f"certified (validated_environments@{v}, NOT PROMOTED: no published version has it)" in out
+    assert main(["show", "invoice_reconcile-000099", "--json", "--lake", copy.root]) == 0
+    assert json.loads(capsys.readouterr().out)["promoted"] is False
+    code, out, _ = _show(capsys, copy, envs["env_id"][0])
+    assert code == 0 and "NOT PROMOTED" not in out
+
+
 def test_unknown_ids_items_and_lakes_exit_2(lake, capsys, tmp_path):
     code, out, err = _show(capsys, lake, "invoice_reconcile-999999")
     assert code == 2 and not out and "no environment 'invoice_reconcile-999999'" in err and "invoice_reconcile-000000" in err
