@@ -10,6 +10,7 @@ from cowork_pipeline.lake import Lake, Vacuumed
 from cowork_pipeline.training.registry import StaleFiles, delete_stale, stale_in_lake
 from resources import LakeResource
 
+
 @dataclass(frozen=True)
 class LakeVacuum:
     tables: list[Vacuumed]
@@ -34,6 +35,7 @@ class LakeVacuum:
                    "weights: of no current, newly registered or scored checkpoint)")
         return out
 
+
 def vacuum(lake: Lake, retain_hours: int, dry_run: bool = False) -> LakeVacuum:
     """Delete what nothing reads any more: the files of table versions (``Lake.vacuum``) and the folders of model
     files (superseded checkpoints' weights, exports of versions no longer retained); ``retain_hours`` >= 1, so a
@@ -48,12 +50,15 @@ def vacuum(lake: Lake, retain_hours: int, dry_run: bool = False) -> LakeVacuum:
         delete_stale(folders)
     return LakeVacuum(lake.vacuum(retain_hours, dry_run=dry_run, retained=retained), folders, retain_hours, dry_run)
 
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
+
 
 class VacuumConfig(dg.Config):
     retain_hours: int = 168  # a week: keep it above the longest run
     dry_run: bool = False
+
 
 @dg.op(description="Delete the lake's files and model folders that nothing reads any more (see `cowork vacuum`).")
 def vacuum_lake(context: dg.OpExecutionContext, config: VacuumConfig, lake: LakeResource) -> dg.Output[None]:
@@ -68,9 +73,11 @@ def vacuum_lake(context: dg.OpExecutionContext, config: VacuumConfig, lake: Lake
         "model_folders": [f.name for f in done.folders], "model_bytes": sum(f.bytes for f in done.folders),
         "summary": dg.MetadataValue.md("\n".join(f"- {line}" for line in done.lines()))})
 
+
 @dg.job(description="Vacuum the lake: table versions and model folders nothing reads any more.")
 def lake_vacuum():
     vacuum_lake()
+
 
 weekly_vacuum = dg.ScheduleDefinition(
     name="weekly_vacuum", cron_schedule="0 5 * * 0", execution_timezone="UTC", job=lake_vacuum,
