@@ -55,14 +55,18 @@ def find_environment(lake: Lake, env_id: str) -> EnvironmentRecord:
     for promoted in (True, False):
         for table, status in (("validated_environments", "certified"), ("rejected_environments", "rejected")):
             try:
-                df, version = lake.read_promoted(table) if promoted else (lake.read(table), lake.version(table))
+                if promoted:
+                    df, version = lake.read_promoted(table)
+                else:  # the latest version, read at the number it reports (a run may commit meanwhile)
+                    version = lake.version(table)
+                    df = lake.read(table, version=version)
             except LakeError:
                 continue
             hit = df.filter(pl.col("env_id") == env_id)
             if hit.is_empty():  # (a mistyped id, "invoice_reconcile-3", still finds its capability's ids)
                 known |= set(df.filter(pl.col("env_id").str.starts_with(f"{capability_of(env_id) or env_id.rsplit('-', 1)[0]}-"))["env_id"].to_list())
                 continue
-            rec = record_of(hit.row(0, named=True), status, table, int(version or 0), _split(lake, env_id))
+            rec = record_of(hit.row(0, named=True), status, table, int(version), _split(lake, env_id))
             rec.promoted = promoted
             return rec
     near = f" (its capability has {', '.join(sorted(known)[:5])}{', ...' if len(known) > 5 else ''})" if known else ""
