@@ -101,7 +101,7 @@ class Probe:
 
 def install_probes() -> Probe:
     from cowork_pipeline import runner
-    from cowork_pipeline.validation import certify, grader
+    from cowork_pipeline.validation import certify
 
     p = Probe()
     p.wrap(certify, "run_episode", "episodes")
@@ -248,10 +248,8 @@ def main() -> None:
             barrier = ctx.Manager().Barrier(args.workers)
             parts = [drafts[k::args.workers] for k in range(args.workers)]
             with ctx.Pool(args.workers) as pool:
-                t0 = time.perf_counter()
                 shares = pool.map(_child, [(p, args.batch, args.rounds, warm, barrier) for p in parts])
                 wall = max(s["wall"] for s in shares)
-                del t0
         cpu = sum(s["cpu_parent"] + s["cpu_worker"] for s in shares)
         certified = sum(s["certified"] for s in shares)
         rows.append({"draft_wall": d_wall, "draft_cpu": d_cpu + sum(s["revise_cpu"] for s in shares), "wall": wall,

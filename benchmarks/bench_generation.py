@@ -82,7 +82,7 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     ckpt = args.checkpoint or build_default_student(Path(tmp.name) / "student")
     agent = HFAgent(ckpt, max_new_tokens=args.new_tokens, batch_size=args.batch)
-    model, tok = agent.model, agent.tokenizer
+    model = agent.model
     convs = conversations(args.batch)
     prompts = [agent.encode_prompt(m, t) for m, t in convs]
     n_params = sum(p.numel() for p in model.parameters())

@@ -99,7 +99,7 @@ def main() -> int:
         return dt
 
     def tick(cursor: str | None):
-        ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"profile": profile, "lake": lake_res})
+        ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=res)  # whatever the sensor asks for
         return auto.capability_catalog_sensor(ctx)
 
     def schedule_selection() -> dict[str, str]:

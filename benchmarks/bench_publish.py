@@ -20,7 +20,7 @@ no failed write and nothing lost, however many writers contend).
 3. A long-lived lake: its promotion log holds a row per publication ever made (a year of hourly
    backfills of 20 partitions x 6 tables is a million), and every publication reads what is published
    from it. Printed: ms per conditional publication with ``--log-rows`` rows in the log, and the
-   replay of the log read row by row (``_Published.apply`` in turn, as it once was) as the baseline.
+   replay of the log read row by row (``Published.apply`` in turn, as it once was) as the baseline.
 4. Reading what a backfill published: ``--partitions`` partitions of 50 rows, each published at its
    own version. Printed: ms per ``read_promoted``, next to reading the latest version whole and to
    reading each partition at its own version (what read_promoted did before it learnt to tell, from
@@ -68,10 +68,14 @@ def _writer(root: str, workload: str, writers: range, writes: int, start: Any, o
 
 
 def run(workload: str, writers: int, writes: int, at_once: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-publish-") as root:
+        return _run_in(root, workload, writers, writes, at_once)
+
+
+def _run_in(root: str, workload: str, writers: int, writes: int, at_once: bool) -> dict[str, Any]:
     from cowork_pipeline.lake import Lake
 
     ctx = multiprocessing.get_context("spawn")
-    root = tempfile.mkdtemp(prefix="bench-publish-")
     groups = [range(w, w + 1) for w in range(writers)] if at_once else [range(writers)]
     start, out = ctx.Barrier(len(groups)), ctx.Queue()
     procs = [ctx.Process(target=_writer, args=(root, workload, g, writes, start, out)) for g in groups]
@@ -95,14 +99,19 @@ def run(workload: str, writers: int, writes: int, at_once: bool) -> dict[str, An
 
 def long_log(rows: int) -> tuple[float, float]:
     """(ms per conditional publication, ms to replay the log row by row) with ``rows`` in the promotion log."""
+    with tempfile.TemporaryDirectory(prefix="bench-publish-log-") as root:
+        return _long_log(rows, root)
+
+
+def _long_log(rows: int, root: str) -> tuple[float, float]:
     from datetime import datetime, timedelta, timezone
 
     import polars as pl
     from deltalake import write_deltalake
 
-    from cowork_pipeline.lake import _PROMOTIONS_SCHEMA, PROMOTIONS_TABLE, Lake, Lineage, _Published
+    from cowork_pipeline.lake import _PROMOTIONS_SCHEMA, PROMOTIONS_TABLE, Lake, Lineage, Published
 
-    lake = Lake(tempfile.mkdtemp(prefix="bench-publish-log-"))
+    lake = Lake(root)
     caps = [f"cap{i:02d}" for i in range(20)]
     v = lake.write("validated_environments", pl.DataFrame({"capability_id": caps}), lineage=Lineage.local("bench"), mode="overwrite")
     tables = ["validated_environments", "environment_drafts", "repair_log", "rejected_environments", "demonstrations", "rl_rollouts"]
@@ -122,21 +131,26 @@ def long_log(rows: int) -> tuple[float, float]:
         best = min(best, time.perf_counter() - t)
         promotions = lake.promotions("validated_environments")
         t = time.perf_counter()
-        state = _Published()
+        state = Published()
         for rec in promotions.iter_rows(named=True):
             state = state.apply(rec["version"], rec["partition"], rec["partition_column"])
         fold = min(fold, time.perf_counter() - t)
-        assert state == _Published.replay(promotions)
+        assert state == Published.replay(promotions)
     return best * 1000, fold * 1000
 
 
 def backfill_read(partitions: int) -> tuple[float, float, float]:
     """(ms per read_promoted, ms per read of the latest version, ms reading each partition at its version)."""
+    with tempfile.TemporaryDirectory(prefix="bench-publish-read-") as root:
+        return _backfill_read(partitions, root)
+
+
+def _backfill_read(partitions: int, root: str) -> tuple[float, float, float]:
     import polars as pl
 
     from cowork_pipeline.lake import Lake, Lineage
 
-    lake = Lake(tempfile.mkdtemp(prefix="bench-publish-read-"))
+    lake = Lake(root)
     published = {}
     for i in range(partitions):
         cap = f"cap{i:03d}"

@@ -64,34 +64,35 @@ def main() -> None:
 
     env = small_env()
     demos = [teacher_demo(small_env(s0, s1)) for s0 in ("paid", "void") for s1 in ("disputed", "void")]
-    work = Path(tempfile.mkdtemp(prefix="bench_rl_"))
-    corpus = [render_conversation(d["messages"], d["tools"]) for d in demos]
-    base = build_student(corpus, work / "base", StudentConfig(
-        vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
-        max_position_embeddings=2048, min_frequency=1, seed=0))
-    warm = train_sft(base, demos * 4, work / "sft", SFTSettings(
-        max_steps=args.sft_steps, lr=1e-2, batch_size=2, max_length=1024, device="cpu", warmup=0.0,
-        lr_scheduler="constant")).checkpoint
-    configs = [c for c in DEFAULT_CONFIGS if not args.configs or c.name in args.configs]
-    results = []
-    with Sandbox(workers=1) as sandbox:
-        warm_eval, warm_margin = evaluate(warm, env, sandbox), _decision_margin(warm, demos)
-        print(f"warm start: eval reward {warm_eval:.3f}, decision margin {warm_margin:.2f}", flush=True)
-        for config in configs:
-            for seed in args.seeds:
-                cfg = dataclasses.replace(config, group_size=args.group, lr=args.lr, seed=seed, max_new_tokens=48,
-                                          max_steps_per_turn=3)
-                t0 = time.perf_counter()
-                res = train_rl(warm, [env], sandbox, cfg, args.steps, work / f"{cfg.name}_{seed}", device="cpu")
-                seconds = time.perf_counter() - t0
-                curve = [round(r["mean_reward"], 3) for r in res.curve]
-                row = {"config": cfg.name, "seed": seed, "train_reward": curve,
-                       "eval_before": round(warm_eval, 3), "eval_after": round(evaluate(res.checkpoint, env, sandbox), 3),
-                       "margin_before": round(warm_margin, 2), "margin_after": round(_decision_margin(res.checkpoint, demos), 2),
-                       "final_kl": round(res.curve[-1]["kl"], 4),
-                       "zero_adv_steps": sum(r["zero_adv_groups"] == 1.0 for r in res.curve), "seconds": round(seconds, 1)}
-                results.append(row)
-                print(json.dumps(row), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_rl_") as tmp:  # checkpoints of every config: not worth keeping
+        work = Path(tmp)
+        corpus = [render_conversation(d["messages"], d["tools"]) for d in demos]
+        base = build_student(corpus, work / "base", StudentConfig(
+            vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+            max_position_embeddings=2048, min_frequency=1, seed=0))
+        warm = train_sft(base, demos * 4, work / "sft", SFTSettings(
+            max_steps=args.sft_steps, lr=1e-2, batch_size=2, max_length=1024, device="cpu", warmup=0.0,
+            lr_scheduler="constant")).checkpoint
+        configs = [c for c in DEFAULT_CONFIGS if not args.configs or c.name in args.configs]
+        results = []
+        with Sandbox(workers=1) as sandbox:
+            warm_eval, warm_margin = evaluate(warm, env, sandbox), _decision_margin(warm, demos)
+            print(f"warm start: eval reward {warm_eval:.3f}, decision margin {warm_margin:.2f}", flush=True)
+            for config in configs:
+                for seed in args.seeds:
+                    cfg = dataclasses.replace(config, group_size=args.group, lr=args.lr, seed=seed, max_new_tokens=48,
+                                              max_steps_per_turn=3)
+                    t0 = time.perf_counter()
+                    res = train_rl(warm, [env], sandbox, cfg, args.steps, work / f"{cfg.name}_{seed}", device="cpu")
+                    seconds = time.perf_counter() - t0
+                    curve = [round(r["mean_reward"], 3) for r in res.curve]
+                    row = {"config": cfg.name, "seed": seed, "train_reward": curve,
+                           "eval_before": round(warm_eval, 3), "eval_after": round(evaluate(res.checkpoint, env, sandbox), 3),
+                           "margin_before": round(warm_margin, 2), "margin_after": round(_decision_margin(res.checkpoint, demos), 2),
+                           "final_kl": round(res.curve[-1]["kl"], 4),
+                           "zero_adv_steps": sum(r["zero_adv_groups"] == 1.0 for r in res.curve), "seconds": round(seconds, 1)}
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
     print("\nconfig           seed  eval before->after  margin before->after  kl      train reward curve")
     for r in results:
         print(f"{r['config']:<16} {r['seed']:>4}  {r['eval_before']:.3f} -> {r['eval_after']:.3f}      "
