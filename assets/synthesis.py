@@ -75,8 +75,7 @@ def synthesized_environments(context: AssetExecutionContext, lake: LakeResource,
 
     cap_id = context.partition_key
     lk = lake.lake()
-    specs, spec_version = lk.read_promoted("capability_specs")
-    row = specs.filter(pl.col("capability_id") == cap_id)
+    row, spec_version = lk.read_promoted("capability_specs", where={"capability_id": [cap_id]})
     if row.is_empty():
         raise dg.Failure(f"capability '{cap_id}' is not in the promoted capability_specs (version {spec_version})")
     cap = parse_capability(row["yaml"][0], f"capability_specs@{spec_version}:{cap_id}")

@@ -52,19 +52,22 @@ def find_environment(lake: Lake, env_id: str) -> EnvironmentRecord:
     version of either table, marked not promoted (what a reviewer of a run whose checks failed needs to read);
     LookupError when no table has it, naming the ids of its capability that do exist."""
     known: set[str] = set()
+    # Only the capability's partition is read (a large lake's other capabilities are never scanned); its rows also
+    # name the ids that do exist when this one does not (a mistyped "invoice_reconcile-3").
+    only = {"capability_id": [capability_of(env_id) or env_id.rsplit("-", 1)[0]]}
     for promoted in (True, False):
         for table, status in (("validated_environments", "certified"), ("rejected_environments", "rejected")):
             try:
                 if promoted:
-                    df, version = lake.read_promoted(table)
+                    df, version = lake.read_promoted(table, where=only)
                 else:  # the latest version, read at the number it reports (a run may commit meanwhile)
                     version = lake.version(table)
-                    df = lake.read(table, version=version)
+                    df = lake.read(table, version=version, where=only)
             except LakeError:
                 continue
             hit = df.filter(pl.col("env_id") == env_id)
-            if hit.is_empty():  # (a mistyped id, "invoice_reconcile-3", still finds its capability's ids)
-                known |= set(df.filter(pl.col("env_id").str.starts_with(f"{capability_of(env_id) or env_id.rsplit('-', 1)[0]}-"))["env_id"].to_list())
+            if hit.is_empty():
+                known |= set(df["env_id"].to_list())
                 continue
             rec = record_of(hit.row(0, named=True), status, table, int(version), _split(lake, env_id))
             rec.promoted = promoted
@@ -75,10 +78,9 @@ def find_environment(lake: Lake, env_id: str) -> EnvironmentRecord:
 
 def _split(lake: Lake, env_id: str) -> str | None:
     try:
-        df, _ = lake.read_promoted("environment_splits", columns=["env_id", "split"])
+        hit, _ = lake.read_promoted("environment_splits", columns=["split"], where={"env_id": [env_id]})
     except LakeError:
         return None
-    hit = df.filter(pl.col("env_id") == env_id)
     return hit["split"][0] if len(hit) else None
 
 

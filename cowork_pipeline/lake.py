@@ -25,7 +25,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar
@@ -439,10 +439,12 @@ class Lake:
 
     # ------------------------------------------------------------------ read
     def read(
-        self, table: str, version: int | None = None, columns: Sequence[str] | None = None
+        self, table: str, version: int | None = None, columns: Sequence[str] | None = None,
+        where: Mapping[str, Sequence[str]] | None = None,
     ) -> pl.DataFrame:
-        """The table (optionally at ``version``, optionally only ``columns``)."""
-        return self._select(table, version, columns)
+        """The table (optionally at ``version``, optionally only ``columns``, optionally only the rows whose
+        column holds one of the values ``where`` gives it, filtered in the scan)."""
+        return self._select(table, version, columns, _in_predicate(where))
 
     def columns(self, table: str, version: int | None = None) -> list[str]:
         """The table's column names (at ``version``), from its schema: no data is read."""
@@ -594,33 +596,44 @@ class Lake:
         ``partition``, the version that partition's rows are read at."""
         return Published.replay(self.promotions(table)).version(partition)
 
-    def read_promoted(self, table: str, columns: Sequence[str] | None = None) -> tuple[pl.DataFrame, int]:
+    def read_promoted(
+        self, table: str, columns: Sequence[str] | None = None, where: Mapping[str, Sequence[str]] | None = None
+    ) -> tuple[pl.DataFrame, int]:
         """(published data, its version): exactly the promoted version's rows, or with
-        partitioned promotions each partition's rows at its own promoted version."""
+        partitioned promotions each partition's rows at its own promoted version.
+
+        ``where`` (column -> values) keeps only the rows whose column holds one of the values, filtered in the
+        scan; on the promotions' partition column it also skips the other partitions' versions (one capability
+        of a large lake reads only that capability's files)."""
         state = Published.replay(self.promotions(table))
         published = state.version()
         if published is None:
             status = "exists but" if self.exists(table) else "does not exist and"
             raise NotPromoted(f"{self._where(table)} {status} has no promoted version")
+        only = _in_predicate(where)
         if not state.parts:
-            return self.read(table, version=published, columns=columns), published
+            return self._select(table, published, columns, only), published
 
         col = _quote_ident(state.column())
+        wanted = set(where[state.column()]) if where and state.column() in where else None
+        parts = {value: v for value, v in state.parts.items() if wanted is None or value in wanted}
         # a partition no later commit can have changed is read at the latest version, all such in one read: a
         # backfill publishes each partition at its own version, and opening the table at each costs ~15 ms
-        latest, unchanged = self._unchanged_since(table, state.column(), state.parts)
+        latest, unchanged = self._unchanged_since(table, state.column(), parts) if parts else (published, set())
         by_version: dict[int, list[str]] = {}
-        for value, v in state.parts.items():
+        for value, v in parts.items():
             by_version.setdefault(latest if value in unchanged else v, []).append(value)
         frames = [
-            self._select(table, v, columns, f"{col} IN ({', '.join(map(_quote_literal, sorted(values)))})")
+            self._select(table, v, columns, _both(f"{col} IN ({', '.join(map(_quote_literal, sorted(values)))})", only))
             for v, values in sorted(by_version.items())
         ]
-        if state.base is not None:  # rows of partitions not promoted on their own
+        if state.base is not None and (wanted is None or wanted - set(state.parts)):  # partitions not promoted on their own
             others = ", ".join(map(_quote_literal, sorted(state.parts)))
             frames.append(
-                self._select(table, state.base, columns, f"({col} NOT IN ({others}) OR {col} IS NULL)")
+                self._select(table, state.base, columns, _both(f"({col} NOT IN ({others}) OR {col} IS NULL)", only))
             )
+        if not frames:  # none of the wanted partitions is published: no rows, the published version's columns
+            return self._select(table, published, columns, "FALSE"), published
         # Versions may differ in schema (evolution): align columns, null-fill the gaps.
         return pl.concat(frames, how="diagonal_relaxed"), published
 
@@ -716,6 +729,16 @@ class Lake:
             else:
                 everything_since = max(everything_since, version)
         return latest, {p for p, v in parts.items() if v >= everything_since and since.get(p, -1) <= v}
+
+
+def _in_predicate(where: Mapping[str, Sequence[str]] | None) -> str:
+    """SQL keeping the rows whose column holds one of the given values (an empty list keeps none)."""
+    return " AND ".join(f"{_quote_ident(c)} IN ({', '.join(map(_quote_literal, sorted(vals)))})" if vals else "FALSE"
+                        for c, vals in sorted((where or {}).items()))
+
+
+def _both(a: str, b: str) -> str:
+    return f"({a}) AND ({b})" if a and b else a or b
 
 
 _NO_DATA_CHANGE = ("VACUUM START", "VACUUM END")  # commits that remove unreferenced files only

@@ -270,7 +270,8 @@ class _Tracer:
     def full_row(self, table: str, version: int, column: str, value: Any, wanted: tuple[str, ...]) -> dict[str, Any]:
         """Heavy columns (e.g. ``spec_json``/``yaml``) of one row, read only when a node needs them."""
         try:
-            df = self.lake.read(table, version=version, columns=[column, *wanted])
+            df = self.lake.read(table, version=version, columns=[column, *wanted],
+                                where={column: [value]} if isinstance(value, str) else None)
         except LakeError:
             return {}
         hit = df.filter(pl.col(column) == value)
@@ -280,7 +281,8 @@ class _Tracer:
         """A benchmark trial's ``messages_json`` (heavy: read for the one trial a node shows)."""
         keys = [k for k in ("run_id", "agent", "checkpoint_id", "env_id", "trial") if trial.get(k) is not None]
         try:
-            df = self.lake.read("benchmark_scores", version=version, columns=[*keys, "messages_json"])
+            df = self.lake.read("benchmark_scores", version=version, columns=[*keys, "messages_json"],
+                                where={"env_id": [trial["env_id"]]} if isinstance(trial.get("env_id"), str) else None)
         except Exception:  # noqa: BLE001 - a missing table, or one written before transcripts were kept
             return None
         hit = df.filter(pl.all_horizontal([pl.col(k) == trial[k] for k in keys]))

@@ -473,6 +473,18 @@ def test_read_promoted_reads_each_partition_as_it_was_published(tmp_path_factory
     got, version = lake.read_promoted("envs")
     assert version == state.version()
     assert_frame_equal(sorted_data(got).sort("env_id", "tag"), sorted_data(pl.concat(expected)).sort("env_id", "tag"))
+    # a filtered read (on the partition column, which also prunes the versions read, or on another) is the same
+    # read filtered afterwards
+    for where in ({"cap": ["A"]}, {"cap": ["B", "C"]}, {"cap": ["Z"]}, {"cap": []}, {"tag": [f"s{len(steps) - 1}"]},
+                  {"cap": ["A", "C"], "tag": ["s0", "s1"]}):
+        want = got.filter(pl.all_horizontal(pl.col(c).is_in(vals) for c, vals in where.items()))
+        part, v = lake.read_promoted("envs", where=where)
+        assert v == version
+        assert_frame_equal(sorted_data(part).sort("env_id", "tag"), sorted_data(want).sort("env_id", "tag"), check_dtypes=False)
+        latest = lake.read("envs")
+        assert_frame_equal(lake.read("envs", where=where).sort("env_id", "tag"),
+                           latest.filter(pl.all_horizontal(pl.col(c).is_in(vals) for c, vals in where.items())).sort("env_id", "tag"),
+                           check_dtypes=False)
 
 
 def test_a_backfills_partitions_are_read_at_the_latest_version_when_nothing_changed_them_since(lake: Lake) -> None:
