@@ -277,6 +277,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked (argparse exits with status 2 and a message on bad options)."""
+    p = parser()
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    return args
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``cowork`` command's parser: every subcommand and its options."""
     p = argparse.ArgumentParser(prog="cowork", description="Synthesize, certify and train on coworker-agent environments.")
     p.add_argument("--home", help="state folder (default: $COWORK_HOME or ./.cowork)")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -335,9 +343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     v.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     v.add_argument("--lake", help="lake root (default: $COWORK_LAKE or <home>/lake)")
     v.set_defaults(fn=cmd_vacuum)
-    args = p.parse_args(argv)
-    _check_args(p, args)
-    return args
+    return p
 
 
 if __name__ == "__main__":
