@@ -440,26 +440,31 @@ class Lake:
     # ------------------------------------------------------------------ read
     def read(
         self, table: str, version: int | None = None, columns: Sequence[str] | None = None,
-        where: Mapping[str, Sequence[str]] | None = None,
+        where: Mapping[str, Sequence[str | int]] | None = None,
     ) -> pl.DataFrame:
         """The table (optionally at ``version``, optionally only ``columns``, optionally only the rows whose
         column holds one of the values ``where`` gives it, filtered in the scan)."""
-        return self._select(table, version, columns, _in_predicate(where))
+        return self._select(table, version, columns, _in_predicate(where), filtered=list(where or ()))
 
     def columns(self, table: str, version: int | None = None) -> list[str]:
         """The table's column names (at ``version``), from its schema: no data is read."""
         return list(self._open(table, version).schema().to_arrow().names)
 
     def _select(
-        self, table: str, version: int | None, columns: Sequence[str] | None, where: str = ""
+        self, table: str, version: int | None, columns: Sequence[str] | None, where: str = "",
+        filtered: Sequence[str] = (),
     ) -> pl.DataFrame:
+        """``columns`` of the rows ``where`` keeps; ``filtered``: the columns ``where`` names, checked as ``columns``
+        are (else an unknown one reads as a corrupt table)."""
         dt = self._open(table, version)
         select = "*"
-        if columns is not None:
+        if columns is not None or filtered:
             known = set(dt.schema().to_arrow().names)
-            unknown = [c for c in columns if c not in known]
+            unknown = [c for c in dict.fromkeys([*(columns or ()), *filtered]) if c not in known]
             if unknown:
-                raise LakeError(f"{self._where(table)} has no column(s) {unknown}")
+                at = "" if version is None else f" at version {version}"
+                raise LakeError(f"{self._where(table)}{at} has no column(s) {unknown}")
+        if columns is not None:
             if not columns:
                 return pl.DataFrame()
             select = ", ".join(_quote_ident(c) for c in columns)
@@ -597,7 +602,7 @@ class Lake:
         return Published.replay(self.promotions(table)).version(partition)
 
     def read_promoted(
-        self, table: str, columns: Sequence[str] | None = None, where: Mapping[str, Sequence[str]] | None = None
+        self, table: str, columns: Sequence[str] | None = None, where: Mapping[str, Sequence[str | int]] | None = None
     ) -> tuple[pl.DataFrame, int]:
         """(published data, its version): exactly the promoted version's rows, or with
         partitioned promotions each partition's rows at its own promoted version.
@@ -612,7 +617,7 @@ class Lake:
             raise NotPromoted(f"{self._where(table)} {status} has no promoted version")
         only = _in_predicate(where)
         if not state.parts:
-            return self._select(table, published, columns, only), published
+            return self._select(table, published, columns, only, filtered=list(where or ())), published
 
         col = _quote_ident(state.column())
         wanted = set(where[state.column()]) if where and state.column() in where else None
@@ -624,16 +629,18 @@ class Lake:
         for value, v in parts.items():
             by_version.setdefault(latest if value in unchanged else v, []).append(value)
         frames = [
-            self._select(table, v, columns, _both(f"{col} IN ({', '.join(map(_quote_literal, sorted(values)))})", only))
+            self._select(table, v, columns, _both(f"{col} IN ({', '.join(map(_quote_literal, sorted(values)))})", only),
+                         filtered=list(where or ()))
             for v, values in sorted(by_version.items())
         ]
         if state.base is not None and (wanted is None or wanted - set(state.parts)):  # partitions not promoted on their own
             others = ", ".join(map(_quote_literal, sorted(state.parts)))
             frames.append(
-                self._select(table, state.base, columns, _both(f"({col} NOT IN ({others}) OR {col} IS NULL)", only))
+                self._select(table, state.base, columns, _both(f"({col} NOT IN ({others}) OR {col} IS NULL)", only),
+                             filtered=list(where or ()))
             )
         if not frames:  # none of the wanted partitions is published: no rows, the published version's columns
-            return self._select(table, published, columns, "FALSE"), published
+            return self._select(table, published, columns, "FALSE", filtered=list(where or ())), published
         # Versions may differ in schema (evolution): align columns, null-fill the gaps.
         return pl.concat(frames, how="diagonal_relaxed"), published
 
@@ -731,9 +738,18 @@ class Lake:
         return latest, {p for p, v in parts.items() if v >= everything_since and since.get(p, -1) <= v}
 
 
-def _in_predicate(where: Mapping[str, Sequence[str]] | None) -> str:
+def _in_predicate(where: Mapping[str, Sequence[str | int]] | None) -> str:
     """SQL keeping the rows whose column holds one of the given values (an empty list keeps none)."""
-    return " AND ".join(f"{_quote_ident(c)} IN ({', '.join(map(_quote_literal, sorted(vals)))})" if vals else "FALSE"
+    def literal(v: object) -> str:
+        if isinstance(v, str):
+            return _quote_literal(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        raise TypeError(f"a filter value must be a string or an integer, got {v!r}")
+
+    if not isinstance(where or {}, Mapping) or any(isinstance(v, (str, bytes)) for v in (where or {}).values()):
+        raise TypeError(f"where must map column names to lists of values, got {where!r}")
+    return " AND ".join(f"{_quote_ident(c)} IN ({', '.join(sorted(map(literal, vals)))})" if vals else "FALSE"
                         for c, vals in sorted((where or {}).items()))
 
 

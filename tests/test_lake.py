@@ -658,3 +658,17 @@ def test_cowork_vacuum_command(lake: Lake, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(["vacuum", "--lake", lake.root, "--retain-hours", "0"])
     assert e.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_a_filtered_read_names_a_bad_filter_instead_of_reading_as_corrupt(lake: Lake) -> None:
+    lake.write("envs", caps("A", 2, "t").with_columns(pl.lit(3).alias("n")), lineage=LIN, mode="append")
+    lake.promote("envs", 0, run_id="r")
+    assert lake.read("envs", where={"n": [3]}).height == 2 and lake.read("envs", where={"n": [4]}).height == 0
+    for read in (lambda w: lake.read("envs", where=w), lambda w: lake.read_promoted("envs", where=w)):
+        with pytest.raises(LakeError, match=r"has no column\(s\) \['capability'\]"):
+            read({"capability": ["A"]})
+        with pytest.raises(TypeError, match="lists of values"):
+            read({"cap": "A"})  # a bare string would filter on its letters
+        with pytest.raises(TypeError, match="string or an integer"):
+            read({"cap": [None]})
+    assert lake.read("envs", where={"cap": ["it's"]}).is_empty()  # quoted, not SQL
