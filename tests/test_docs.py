@@ -1,5 +1,6 @@
-"""The commands the README and docs/ show are commands the CLI has: every `cowork <subcommand> --option` they write
-is an option of that subcommand (or of `cowork` itself), so a renamed or dropped option cannot leave the docs behind."""
+"""The commands the README and docs/ show are commands the CLI has: every `cowork <subcommand> --option` (and
+`scripts/run.sh --option`, which passes them to `cowork run`) they write is an option of that subcommand (or of `cowork`
+itself), so a renamed or dropped option cannot leave the docs behind."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,8 @@ from assets.cli import parser
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # "cowork <sub>" then the rest of that command: up to the end of its code span, line, table cell or shell comment
-COMMAND = re.compile(r"\bcowork ((?:--home \S+ )?)([a-z]+)\b([^`\n#|]*)")
+# (scripts/run.sh passes its arguments to `cowork run`)
+COMMAND = re.compile(r"\b(?:cowork ((?:--home \S+ )?)([a-z]+)|scripts/(run)\.sh)\b([^`\n#|]*)")
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 
 
@@ -26,7 +28,7 @@ def documented_commands() -> list[tuple[str, str, list[str]]]:
     found = []
     for doc in DOCS:
         for m in COMMAND.finditer(doc.read_text(encoding="utf-8")):
-            found.append((doc.name, m.group(2), OPTION.findall(m.group(3))))
+            found.append((doc.name, m.group(2) or m.group(3), OPTION.findall(m.group(4))))
     return found
 
 
@@ -48,6 +50,8 @@ def test_the_scan_reads_options_as_the_docs_write_them() -> None:
     # what the scan sees in the forms the docs use: a code span, a shell line with a comment, a bracketed synopsis
     text = ("Run `cowork run --catalog DIR --injections some` first.\n"
             ".venv/bin/cowork vacuum [--dry-run] [--retain-hours 168]   # --not-an-option\n"
-            "| `cowork show <env_id>` | --json elsewhere |\n")
-    got = [(m.group(2), OPTION.findall(m.group(3))) for m in COMMAND.finditer(text)]
-    assert got == [("run", ["--catalog", "--injections"]), ("vacuum", ["--dry-run", "--retain-hours"]), ("show", [])]
+            "| `cowork show <env_id>` | --json elsewhere |\n"
+            "`bash scripts/run.sh --profile smoke`\n")
+    got = [(m.group(2) or m.group(3), OPTION.findall(m.group(4))) for m in COMMAND.finditer(text)]
+    assert got == [("run", ["--catalog", "--injections"]), ("vacuum", ["--dry-run", "--retain-hours"]), ("show", []),
+                   ("run", ["--profile"])]
