@@ -305,6 +305,7 @@ def test_lora_path_saves_a_merged_plain_checkpoint(student_dir, dataset, tmp_pat
 def test_foreign_checkpoint_gets_lora_and_chat_tokens(corpus, dataset, tmp_path):
     """A non-student ("pretrained") checkpoint whose tokenizer lacks our control tokens: auto mode picks LoRA,
     adds the tokens, trains their rows, and still saves a merged plain checkpoint."""
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
@@ -328,6 +329,12 @@ def test_foreign_checkpoint_gets_lora_and_chat_tokens(corpus, dataset, tmp_path)
     im_end = agent.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end in agent.stop_ids and agent.model.config.vocab_size >= len(agent.tokenizer)
     assert agent.act(prompt(), TOOLS)["role"] == "assistant"
+    # the base ties its output layer to its input embedding: trained as one copy, it is saved tied, as it came
+    merged = agent.model
+    assert merged.config.tie_word_embeddings and merged.get_output_embeddings().weight is merged.get_input_embeddings().weight
+    foreign_model = Qwen3ForCausalLM.from_pretrained(foreign)
+    assert not torch.equal(merged.get_input_embeddings().weight[:320], foreign_model.get_input_embeddings().weight), \
+        "the embedding rows were not trained"
 
 
 def test_sft_keeps_whole_demonstrations_up_to_the_checkpoint_context(student_dir, tmp_path):
