@@ -615,9 +615,9 @@ class Lake:
         if published is None:
             status = "exists but" if self.exists(table) else "does not exist and"
             raise NotPromoted(f"{self._where(table)} {status} has no promoted version")
-        only = _in_predicate(where)
+        only, filtered = _in_predicate(where), list(where or ())
         if not state.parts:
-            return self._select(table, published, columns, only, filtered=list(where or ())), published
+            return self._select(table, published, columns, only, filtered=filtered), published
 
         col = _quote_ident(state.column())
         wanted = set(where[state.column()]) if where and state.column() in where else None
@@ -629,18 +629,17 @@ class Lake:
         for value, v in parts.items():
             by_version.setdefault(latest if value in unchanged else v, []).append(value)
         frames = [
-            self._select(table, v, columns, _both(f"{col} IN ({', '.join(map(_quote_literal, sorted(values)))})", only),
-                         filtered=list(where or ()))
+            self._select(table, v, columns, _both(_in_predicate({state.column(): values}), only), filtered=filtered)
             for v, values in sorted(by_version.items())
         ]
         if state.base is not None and (wanted is None or wanted - set(state.parts)):  # partitions not promoted on their own
             others = ", ".join(map(_quote_literal, sorted(state.parts)))
             frames.append(
                 self._select(table, state.base, columns, _both(f"({col} NOT IN ({others}) OR {col} IS NULL)", only),
-                             filtered=list(where or ()))
+                             filtered=filtered)
             )
         if not frames:  # none of the wanted partitions is published: no rows, the published version's columns
-            return self._select(table, published, columns, "FALSE", filtered=list(where or ())), published
+            return self._select(table, published, columns, "FALSE", filtered=filtered), published
         # Versions may differ in schema (evolution): align columns, null-fill the gaps.
         return pl.concat(frames, how="diagonal_relaxed"), published
 
