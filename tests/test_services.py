@@ -306,6 +306,8 @@ BAD: list[tuple[str, Any, str, bool]] = [
     ("crm_create_contact", {"account_id": "acc_1", "name": "Bob", "email": "BOB@globex.example"}, "conflict", False),
     ("crm_create_contact", {"account_id": "acc_x", "name": "N", "email": "n@x.example"}, "not_found", False),
     ("crm_create_contact", {"account_id": "acc_1", "name": "N", "email": "n.example"}, "invalid_arguments", True),
+    ("crm_create_contact", {"account_id": "acc_1", "name": "N", "email": "@"}, "invalid_arguments", False),  # "contains @"
+    ("docs_share", {"doc_id": "doc_1", "people": ["n@example"]}, "invalid_arguments", False),  # passes jsonschema's email
     ("crm_update_contact", {"contact_id": "con_1", "title": "CFO"}, "invalid_arguments", False),  # nothing changes
     ("crm_update_contact", {"contact_id": "con_x", "title": "CEO"}, "not_found", False),
     ("crm_delete_contact", {"contact_id": "con_x"}, "not_found", False),
@@ -652,7 +654,10 @@ def _scalar(p_type: str, fmt: str | None, enum: tuple[Any, ...] | None, minimum:
     if enum is not None:
         good = st.sampled_from(list(enum))
     elif fmt is not None:
-        return _mostly(st.sampled_from(_FORMAT_GOOD[fmt]), st.one_of(st.sampled_from(_FORMAT_BAD[fmt]), _JUNK))
+        # jsonschema's "email" is any text with an @, ours is name@domain.tld: junk text in that gap (e.g. "@") is
+        # compared where the gap is pinned, in BAD, not here
+        junk = _JUNK.filter(lambda v: not (isinstance(v, str) and "@" in v)) if fmt == "email" else _JUNK
+        return _mostly(st.sampled_from(_FORMAT_GOOD[fmt]), st.one_of(st.sampled_from(_FORMAT_BAD[fmt]), junk))
     elif p_type == "string":
         good = _TEXT
     elif p_type == "integer":
