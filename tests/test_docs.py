@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # "cowork <sub>" then the rest of that command: up to the end of its code span, line, table cell or shell comment
 # (scripts/run.sh passes its arguments to `cowork run`)
-COMMAND = re.compile(r"\b(?:cowork ((?:--home \S+ )?)([a-z]+)|scripts/(run)\.sh)\b([^`\n#|]*)")
+COMMAND = re.compile(r"\b(?:cowork (?:--home \S+ )?([a-z]+)|scripts/(run)\.sh)\b([^`\n#|]*)")
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 
 
@@ -23,13 +23,14 @@ def _subcommands() -> tuple[dict[str, argparse.ArgumentParser], set[str]]:
     return dict(sub.choices), set(p._option_string_actions)
 
 
+def commands_in(text: str) -> list[tuple[str, list[str]]]:
+    """(subcommand, the options written after it) for every `cowork <word>` (or scripts/run.sh) in ``text``."""
+    return [(m.group(1) or m.group(2), OPTION.findall(m.group(3))) for m in COMMAND.finditer(text)]
+
+
 def documented_commands() -> list[tuple[str, str, list[str]]]:
-    """(doc file, subcommand, the options written after it) for every `cowork <word>` in the docs."""
-    found = []
-    for doc in DOCS:
-        for m in COMMAND.finditer(doc.read_text(encoding="utf-8")):
-            found.append((doc.name, m.group(2) or m.group(3), OPTION.findall(m.group(4))))
-    return found
+    """(doc file, subcommand, options) for every command in the docs."""
+    return [(doc.name, sub, options) for doc in DOCS for sub, options in commands_in(doc.read_text(encoding="utf-8"))]
 
 
 def test_every_documented_cowork_command_and_option_exists() -> None:
@@ -52,6 +53,5 @@ def test_the_scan_reads_options_as_the_docs_write_them() -> None:
             ".venv/bin/cowork vacuum [--dry-run] [--retain-hours 168]   # --not-an-option\n"
             "| `cowork show <env_id>` | --json elsewhere |\n"
             "`bash scripts/run.sh --profile smoke`\n")
-    got = [(m.group(2) or m.group(3), OPTION.findall(m.group(4))) for m in COMMAND.finditer(text)]
-    assert got == [("run", ["--catalog", "--injections"]), ("vacuum", ["--dry-run", "--retain-hours"]), ("show", []),
+    assert commands_in(text) == [("run", ["--catalog", "--injections"]), ("vacuum", ["--dry-run", "--retain-hours"]), ("show", []),
                    ("run", ["--profile"])]
