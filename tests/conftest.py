@@ -1,5 +1,15 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules, and the property tests' Hypothesis profile."""
+import os
+
 import pytest
+from hypothesis import settings
+
+# A red run must come from the change under test: by default every property test draws the same examples on every
+# run (derandomize) and keeps no example database. HYPOTHESIS_PROFILE=explore draws new examples each run (and
+# replays the ones that failed before, from .hypothesis/) to hunt for bugs; pin what it finds as an explicit case.
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture(scope="module")

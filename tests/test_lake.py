@@ -318,7 +318,7 @@ def test_until_published_runs_again_while_another_writer_publishes_first(lake: L
 _LOG_ROW = st.tuples(st.integers(0, 9), st.sampled_from([None, "a", "b", "c"]), st.sampled_from([None, "cap", "cap", "split"]))
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(_LOG_ROW, max_size=30))
 def test_replaying_the_promotion_log_on_columns_is_applying_each_promotion_in_turn(log: list) -> None:
     """Whole-table promotions, partition promotions and a change of partition column, in any order: the state read off
@@ -441,7 +441,7 @@ _STEP = st.tuples(st.sampled_from(["replace", "replace", "replace", "merge", "ap
                   st.sampled_from(["A", "B", "C"]), st.integers(0, 3))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(_STEP, min_size=1, max_size=12))
 @example([("replace", "A", 2), ("promote", "A", 0), ("replace", "A", 2)])  # published, then replaced again
 @example([("replace", "A", 2), ("promote", "A", 0), ("replace", "B", 1), ("merge", "A", 1)])  # then merged into
