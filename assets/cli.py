@@ -28,6 +28,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["catalog_dir"] = str(Path(args.catalog).absolute())
     if args.injections:
         overrides["injections"] = args.injections
+    if args.student_seed:
+        overrides["student_seed"] = args.student_seed
     try:
         generator = _generator(args)
         agents = _agents(args)
@@ -177,7 +179,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--base-url and --model are for --generator llm (the embedded generator is offline)")
     checks = [("--concurrency", args.concurrency, 1)]
     if args.cmd == "run":
-        checks += [("--repair-rounds", args.repair_rounds, 0), ("--envs-per-capability", args.envs_per_capability, 0)]
+        checks += [("--repair-rounds", args.repair_rounds, 0), ("--envs-per-capability", args.envs_per_capability, 0),
+                   ("--student-seed", args.student_seed, 0)]
     for flag, value, least in checks:
         if value is not None and value < least:
             p.error(f"{flag} must be at least {least}, got {value}")
@@ -295,6 +298,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--envs-per-capability", type=int, default=0, help="seeds drafted per capability (default: the profile's)")
     r.add_argument("--catalog", help="folder of capability YAML files (default: the catalog shipped with the package)")
     r.add_argument("--repair-rounds", type=int, help="revisions of a failing draft before it is rejected (default 3)")
+    r.add_argument("--student-seed", type=int, default=0,
+                   help="the student's seed: its initialization, batch order and RL sampling; environments, demonstrations and "
+                        "the benchmark stay the same, and its checkpoints are registered beside seed 0's (default 0)")
     _add_injections_arg(r)
     from assets.order import RUN_ORDER
 

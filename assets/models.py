@@ -138,12 +138,13 @@ def sft_checkpoint(context: AssetExecutionContext, lake: LakeResource, profile: 
     records = sft_records(demos)
     device = compute.resolve()
     registry: list[dict] = []
+    seed_tag = f"-seed{profile.student_seed}" if profile.student_seed else ""  # another seed's student goes beside, not over
     if profile.base_checkpoint:
         base, base_id, base_model = Path(profile.base_checkpoint), f"external:{Path(profile.base_checkpoint).name}", profile.base_checkpoint
     else:
         cfg = StudentConfig(vocab_size=profile.student_vocab, hidden_size=profile.student_hidden, num_layers=profile.student_layers,
-                            intermediate_size=profile.student_hidden * 3, pointer_dim=profile.student_pointer_dim, seed=profile.seed)
-        base_id = f"student-base-d{v_d}-h{cfg.hidden_size}x{cfg.num_layers}" + (f"-p{cfg.pointer_dim}" if cfg.pointer_dim else "")
+                            intermediate_size=profile.student_hidden * 3, pointer_dim=profile.student_pointer_dim, seed=profile.student_seed)
+        base_id = f"student-base-d{v_d}-h{cfg.hidden_size}x{cfg.num_layers}" + (f"-p{cfg.pointer_dim}" if cfg.pointer_dim else "") + seed_tag
         base = model_dir(lk, base_id)
         corpus = [m for m, t in demos.select("messages_json", "tools_json").iter_rows()]
         build_student(corpus, base, cfg)
@@ -152,9 +153,10 @@ def sft_checkpoint(context: AssetExecutionContext, lake: LakeResource, profile: 
                          "base_model": base_model, "config_json": json.dumps(cfg.__dict__),
                          "data_versions_json": json.dumps({"demonstrations": v_d}), "metrics_json": "{}", "device": device})
     settings = SFTSettings(epochs=profile.sft_epochs, lr=profile.sft_lr, batch_size=profile.sft_batch_size,
-                           max_steps=profile.sft_max_steps, seed=profile.seed, device=device,
+                           max_steps=profile.sft_max_steps, seed=profile.student_seed, device=device,
                            assistant_loss_weight=profile.sft_assistant_weight, keys_from_vocab=profile.sft_keys_from_vocab)
-    ckpt_id = f"sft-{base_id}-d{v_d}-e{settings.epochs:g}-s{settings.max_steps}"
+    # (the embedded base's id carries the seed already)
+    ckpt_id = f"sft-{base_id}-d{v_d}-e{settings.epochs:g}-s{settings.max_steps}" + (seed_tag if profile.base_checkpoint else "")
     out = model_dir(lk, ckpt_id)
     result = train_sft(base, to_sft_dataset(records), out, settings,
                        on_log=lambda r: context.log.info(f"sft step {r.get('step')}: loss {r.get('loss')}"))

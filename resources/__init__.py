@@ -273,7 +273,12 @@ class ProfileResource(dg.ConfigurableResource):
     rl_steps: int = 2
     rl_group_size: int = 4
     rl_envs: int = 4
-    seed: int = 0
+    seed: int = 0  # the teacher's and the benchmark's fault draws and sampling
+    # The student's own seed: its initialization, its SFT batch order, its RL sampling. Environments, splits,
+    # demonstrations and the benchmark's draws stay the same, so students of several seeds are scored on one
+    # benchmark. A non-zero seed's checkpoints are registered beside seed 0's (ids ending in -seed<N>), so they
+    # never overwrite the weights that earlier scores trace back to.
+    student_seed: int = 0
 
     def to_env(self) -> dict[str, str]:
         """What `cowork ui` hands the code location (another process) of this profile: its catalog and injections."""

@@ -636,6 +636,8 @@ def test_cowork_run_rejects_bad_options_before_running(tmp_path, monkeypatch, ca
     assert rc == 2 and "for --generator llm" in err
     rc, err = run("--repair-rounds", "-1")
     assert rc == 2 and "--repair-rounds must be at least 0" in err
+    rc, err = run("--student-seed", "-2")
+    assert rc == 2 and "--student-seed must be at least 0" in err
     rc, err = run("--until", "everything")
     assert rc == 2 and "invalid choice" in err
     rc, err = run("--injections", "most")

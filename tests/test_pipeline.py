@@ -314,6 +314,40 @@ def test_partition_rerun_is_idempotent_and_leaves_other_partitions_untouched(smo
     assert other_after["spec_hash"].to_list() == other_before["spec_hash"].to_list()
 
 
+def test_another_student_seed_trains_beside_seed_0_and_leaves_its_weights_alone(smoke_run, tmp_path):
+    """`--student-seed N` re-trains the student from the same demonstrations: its checkpoints are registered under their
+    own ids, the new ones are what the benchmark scores next, and seed 0's weights (which earlier scores trace back to)
+    stay where they were, unchanged."""
+    import hashlib
+    import shutil
+
+    from assets.cli import parse_args
+    from cowork_pipeline.training.registry import current_checkpoints
+
+    def digest(folder: str) -> str:
+        files = sorted(f for f in Path(folder).rglob("*") if f.is_file())
+        return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+    lake = Lake(str(shutil.copytree(smoke_run[0].root, tmp_path / "lake")))
+    before = lake.read_promoted("checkpoints")[0].to_dicts()
+    seed0 = {r["checkpoint_id"]: digest(r["path"]) for r in before}
+    assert parse_args(["run", "--student-seed", "1"]).student_seed == 1
+    res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey("sft_checkpoint"), dg.AssetKey("checkpoints")],
+                         instance=dg.DagsterInstance.ephemeral(),
+                         resources=resources(ProfileResource(**SMOKE_PROFILE, student_seed=1), LakeResource(root=lake.root)))
+    assert res.success
+    rows = lake.read_promoted("checkpoints")[0].to_dicts()
+    new = {r["checkpoint_id"] for r in rows} - seed0.keys()
+    assert {r["checkpoint_id"] for r in rows} >= seed0.keys()  # seed 0's stay registered
+    assert sorted(k.split("-")[0] for k in new) == ["sft", "student"] and all("-seed1" in k for k in new), new
+    assert {r["checkpoint_id"] for r in current_checkpoints(rows)} == new
+    assert {r["checkpoint_id"]: digest(r["path"]) for r in before} == seed0  # untouched
+    by_id = {r["checkpoint_id"]: r for r in rows}
+    base0, base1 = (next(k for k in ids if k.startswith("student-base")) for ids in (seed0, new))
+    assert digest(by_id[base1]["path"]) != seed0[base0]  # another initialization
+    assert json.loads(by_id[base1]["config_json"])["seed"] == 1
+
+
 def test_each_capability_drafts_its_own_number_of_environments_unless_the_profile_says(tmp_path, monkeypatch):
     """A capability's ``environments`` sets its seeds; a profile's ``envs_per_capability`` overrides it for all."""
     from cowork_pipeline.capabilities import CATALOG_DIR
