@@ -5,7 +5,7 @@ import polars as pl
 from dagster import AssetExecutionContext
 
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
-from assets.models import envs_by_split, model_dir
+from assets.models import envs_by_split, local_model, model_dir, model_files, model_trained_at
 from cowork_pipeline.evaluation import Contestant, Scoring, comparison_table, markdown_table, rebase, report, score_contestants
 from cowork_pipeline.lake import ANY_PUBLISHED, NotPromoted, PublishConflict
 from cowork_pipeline.quality import Expect
@@ -63,10 +63,12 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
     endpoints = agents.build()
     libs = _libraries()
     students = [Contestant(f"{r['kind']}:{r['checkpoint_id']}", r["checkpoint_id"],
-                           checkpoint_key(r, max_new_tokens=profile.max_new_tokens, device=device, libs=libs),
-                           build=lambda r=r: HFAgent(r["path"], device=device, max_new_tokens=profile.max_new_tokens, seed=profile.seed),
+                           checkpoint_key(r, model_files(lk, r["path"]), max_new_tokens=profile.max_new_tokens, device=device, libs=libs),
+                           # (a store folder is fetched only when the agent is scored, not when it keeps its trials)
+                           build=lambda r=r: HFAgent(local_model(lk, r["path"]), device=device, max_new_tokens=profile.max_new_tokens,
+                                                     seed=profile.seed),
                            config={"path": r["path"], "max_new_tokens": profile.max_new_tokens, "device": device})
-                for r in current_checkpoints(ckpts.to_dicts())]
+                for r in current_checkpoints(ckpts.to_dicts(), model_trained_at(lk))]
     # models behind OpenAI-compatible endpoints: scored the same way, every time they are given
     remote = [Contestant(a.name, ckpt_id, a.key(), build=lambda a=a: a, config=a.describe(), always=True) for ckpt_id, a in endpoints]
     teacher = Contestant("teacher:embedded", "teacher-embedded", TEACHER_KEY, per_environment=EmbeddedTeacher)

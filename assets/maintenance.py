@@ -7,6 +7,7 @@ import dagster as dg
 
 from assets.models import model_dir
 from cowork_pipeline.lake import Lake, Vacuumed
+from cowork_pipeline.training.model_store import store_folders
 from cowork_pipeline.training.registry import StaleFiles, delete_stale, stale_in_lake
 from resources import LakeResource
 
@@ -24,8 +25,9 @@ class LakeVacuum:
         for v in self.tables:
             kept = ", ".join(map(str, v.kept_versions[:8])) + (", ..." if len(v.kept_versions) > 8 else "")
             out.append(f"{v.table}: {verb} {len(v.files)} files; versions kept readable: {kept}")
-        for kind, label in (("checkpoint", "checkpoint weights"), ("export", "dataset exports")):
-            some = [f for f in self.folders if f.kind == kind]
+        for kind, remote, label in (("checkpoint", False, "checkpoint weights"), ("checkpoint", True, "checkpoint weights in the store"),
+                                    ("export", False, "dataset exports")):
+            some = [f for f in self.folders if f.kind == kind and isinstance(f.path, str) == remote]
             if some:
                 names = ", ".join(f.name for f in some[:6]) + (", ..." if len(some) > 6 else "")
                 out.append(f"{label}: {verb} {len(some)} folders ({_mb(sum(f.bytes for f in some))}): {names}")
@@ -38,16 +40,20 @@ class LakeVacuum:
 
 def vacuum(lake: Lake, retain_hours: int, dry_run: bool = False) -> LakeVacuum:
     """Delete what nothing reads any more: the files of table versions (``Lake.vacuum``) and the folders of model
-    files (superseded checkpoints' weights, exports of versions no longer retained); ``retain_hours`` >= 1, so a
-    run writing meanwhile keeps what it has not committed or registered yet."""
+    files (superseded checkpoints' weights, exports of versions no longer retained; for an object-store lake both
+    the store's folders and this machine's copies); ``retain_hours`` >= 1, so a run writing meanwhile keeps what it
+    has not committed or registered yet."""
     if retain_hours < 1:
         raise ValueError(f"retain_hours must be at least 1 (a run writing meanwhile needs its files), got {retain_hours}")
     retained = lake.retained_versions()
     # folders first: what they keep is decided from versions that the table vacuum keeps readable anyway
     folders = stale_in_lake(lake, model_dir(lake), None if "://" in lake.root else model_dir(lake, "..", "datasets"),
                             retain_hours, retained)
+    if "://" in lake.root:  # an object-store lake: the store's model folders, and this machine's copies (above)
+        store = store_folders(f"{lake.root.rstrip('/')}/models", lake.storage_options)
+        folders += stale_in_lake(lake, store, None, retain_hours, retained)
     if not dry_run:
-        delete_stale(folders)
+        delete_stale(folders, lake.storage_options)
     return LakeVacuum(lake.vacuum(retain_hours, dry_run=dry_run, retained=retained), folders, retain_hours, dry_run)
 
 

@@ -20,9 +20,50 @@ CHECKPOINT_SCHEMA = {"checkpoint_id": pl.String, "kind": pl.String, "path": pl.S
 
 
 def model_dir(lake: Lake, *parts: str) -> Path:
-    """Model files live under the lake root when it is a folder; object-store lakes keep them under COWORK_HOME."""
+    """Model files live under the lake root when it is a folder; object-store lakes train into, and fetch their
+    store's model folders into, COWORK_HOME."""
     root = Path(lake.root) if "://" not in lake.root else Path(os.environ.get("COWORK_HOME", ".cowork")).absolute() / "models"
     return root.joinpath("models", *parts)
+
+
+def publish_model(lake: Lake, local: Path, checkpoint_id: str) -> str:
+    """The path a checkpoint is registered under: its folder for a folder lake; for an object-store lake its copy in
+    the store, ``<lake>/models/<checkpoint id>``, so that a step on another machine (a pod per step) can load it."""
+    if "://" not in lake.root:
+        return str(local)
+    from cowork_pipeline.training.model_store import upload
+
+    uri = f"{lake.root.rstrip('/')}/models/{checkpoint_id}"
+    upload(local, uri, lake.storage_options)
+    return uri
+
+
+def local_model(lake: Lake, path: str) -> str:
+    """A registered checkpoint's folder on this machine: a store folder is fetched into ``model_dir`` (once per
+    upload: the machine that trained it, or fetched it before, has it already)."""
+    from cowork_pipeline.training.model_store import fetch, is_remote
+
+    if not is_remote(path):
+        return path
+    return str(fetch(path, model_dir(lake, path.rstrip("/").rsplit("/", 1)[-1]), lake.storage_options))
+
+
+def model_trained_at(lake: Lake):
+    """``trained_at`` for the registry's paths, store folders included (their upload time)."""
+    from cowork_pipeline.training.model_store import is_remote, written_at
+    from cowork_pipeline.training.registry import trained_at
+
+    return lambda path: written_at(path, lake.storage_options) if is_remote(path) else trained_at(path)
+
+
+def model_files(lake: Lake, path: str) -> list[tuple[str, int, str]] | None:
+    """What ``checkpoint_key`` keys a store folder by: its manifest's files (None for a folder on this machine)."""
+    from cowork_pipeline.training.model_store import is_remote, remote_manifest
+
+    if not is_remote(path):
+        return None
+    manifest = remote_manifest(path, lake.storage_options) or {"files": {}}
+    return sorted((rel, int(f["bytes"]), str(f["sha256"])) for rel, f in manifest["files"].items())
 
 
 def envs_by_split(lake: Lake, splits: tuple[str, ...], per_capability: int | None = None) -> tuple[list[tuple[EnvironmentSpec, str]], dict[str, int]]:
@@ -149,7 +190,7 @@ def sft_checkpoint(context: AssetExecutionContext, lake: LakeResource, profile: 
         corpus = [m for m, t in demos.select("messages_json", "tools_json").iter_rows()]
         build_student(corpus, base, cfg)
         base_model = "embedded-qwen3-tiny"
-        registry.append({"checkpoint_id": base_id, "kind": "base", "path": str(base), "base_checkpoint_id": None,
+        registry.append({"checkpoint_id": base_id, "kind": "base", "path": publish_model(lk, base, base_id), "base_checkpoint_id": None,
                          "base_model": base_model, "config_json": json.dumps(cfg.__dict__),
                          "data_versions_json": json.dumps({"demonstrations": v_d}), "metrics_json": "{}", "device": device})
     settings = SFTSettings(epochs=profile.sft_epochs, lr=profile.sft_lr, batch_size=profile.sft_batch_size,
@@ -176,7 +217,7 @@ def sft_checkpoint(context: AssetExecutionContext, lake: LakeResource, profile: 
     yield dg.AssetCheckResult(asset_key="sft_checkpoint", check_name="sft_checkpoint_quality", passed=finite,
                               metadata={"points": len(curve)})
     if finite:
-        registry.append({"checkpoint_id": ckpt_id, "kind": "sft", "path": str(result.checkpoint), "base_checkpoint_id": base_id,
+        registry.append({"checkpoint_id": ckpt_id, "kind": "sft", "path": publish_model(lk, result.checkpoint, ckpt_id), "base_checkpoint_id": base_id,
                          "base_model": base_model, "config_json": json.dumps(settings.__dict__, default=str),
                          "data_versions_json": json.dumps({"demonstrations": v_d}), "metrics_json": json.dumps(metrics), "device": result.device})
     if registry:

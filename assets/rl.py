@@ -6,7 +6,7 @@ import polars as pl
 from dagster import AssetExecutionContext
 
 from assets._io import check_spec, lineage, plot_md, write_checked
-from assets.models import CHECKPOINT_SCHEMA, envs_by_split, model_dir
+from assets.models import CHECKPOINT_SCHEMA, envs_by_split, local_model, model_dir, model_trained_at, publish_model
 from cowork_pipeline.quality import Expect
 from resources import ComputeResource, LakeResource, ProfileResource
 
@@ -32,7 +32,8 @@ def rl_training(context: AssetExecutionContext, lake: LakeResource, profile: Pro
     ckpts, v_c = lk.read_promoted("checkpoints")
     from cowork_pipeline.training.registry import latest_trained
 
-    base = latest_trained(ckpts.filter(pl.col("kind") == "sft").to_dicts())  # the one trained last, whatever the row order
+    # the one trained last, whatever the row order
+    base = latest_trained(ckpts.filter(pl.col("kind") == "sft").to_dicts(), model_trained_at(lk))
     if base is None:
         raise dg.Failure("no SFT checkpoint in the promoted checkpoints table to start RL from")
     envs, upstream = envs_by_split(lk, ("train",), max(1, profile.rl_envs // 15) if profile.rl_envs else None)
@@ -49,13 +50,13 @@ def rl_training(context: AssetExecutionContext, lake: LakeResource, profile: Pro
         for name in wanted:
             cfg = replace(known[name], group_size=profile.rl_group_size, seed=profile.student_seed, max_new_tokens=profile.max_new_tokens)
             ckpt_id = f"rl-{name}-{base['checkpoint_id']}-n{profile.rl_steps}"
-            res = train_rl(base["path"], [e for e, _ in envs], sb, cfg, profile.rl_steps, model_dir(lk, ckpt_id), device=device,
+            res = train_rl(local_model(lk, base["path"]), [e for e, _ in envs], sb, cfg, profile.rl_steps, model_dir(lk, ckpt_id), device=device,
                            on_step=lambda r, n=name: context.log.info(f"rl {n} step {r.get('step')}: reward {r.get('mean_reward')}"))
             rows.extend(rollout_rows_with_config(res.rollouts, name))
             for r in res.curve:
                 curves.append({"config": name, "step": int(r.get("step", 0)), "mean_reward": float(r.get("mean_reward", 0.0)),
                                "pass_rate": float(r.get("pass_rate", 0.0)), "metrics_json": json.dumps(r, default=str)})
-            registry.append({"checkpoint_id": ckpt_id, "kind": "rl", "path": str(res.checkpoint), "base_checkpoint_id": base["checkpoint_id"],
+            registry.append({"checkpoint_id": ckpt_id, "kind": "rl", "path": publish_model(lk, res.checkpoint, ckpt_id), "base_checkpoint_id": base["checkpoint_id"],
                              "base_model": base["base_model"], "config_json": json.dumps(cfg.__dict__, default=str),
                              "data_versions_json": json.dumps(upstream), "metrics_json": json.dumps(res.curve[-1] if res.curve else {}, default=str),
                              "device": device})

@@ -465,6 +465,13 @@ class _Tracer:
                    "base_checkpoint_id": r.get("base_checkpoint_id"), "device": r.get("device"), "data_versions": data_versions}
         if r.get("path") and "://" not in str(r["path"]):  # `cowork vacuum` deletes superseded weights; the row stays
             n.attrs["weights_on_disk"] = Path(str(r["path"])).exists()
+        elif r.get("path"):
+            from cowork_pipeline.training.model_store import ModelStoreError, remote_manifest
+
+            try:
+                n.attrs["weights_in_store"] = remote_manifest(str(r["path"]), self.lake.storage_options) is not None
+            except (ModelStoreError, OSError) as e:
+                n.attrs["weights_in_store"] = f"unknown ({e})"
         if metrics:
             keep = ("first_loss", "last_loss", "steps", "train_tokens", "mean_reward", "pass_rate", "step", "lora")
             n.attrs["metrics"] = {k: v for k, v in metrics.items() if k in keep} or metrics

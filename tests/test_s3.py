@@ -7,6 +7,7 @@ in-process (threaded) server could not answer them and every such call would han
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -196,3 +197,121 @@ def test_assets_materialize_into_s3_lake(s3_endpoint):
     keys = _keys(endpoint, opts, "cowork/")
     for table in ("capability_specs", *SYNTH_TABLES, "_promotions"):
         assert any(k.startswith(f"cowork/{table}/_delta_log/") for k in keys), table
+
+
+def _s3(endpoint: str, opts: dict):
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=opts["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=opts["AWS_SECRET_ACCESS_KEY"], region_name=opts["AWS_REGION"])
+
+
+def test_model_folders_round_trip_through_the_store(s3_endpoint, tmp_path):
+    """A model folder uploaded to the store comes back byte for byte on another machine; fetched once per upload;
+    a folder whose upload did not finish, or whose files do not match its manifest, is an error that leaves the
+    copy already fetched as it was."""
+    from cowork_pipeline.training.model_store import MANIFEST, ModelStoreError, fetch, upload, written_at
+
+    endpoint, opts = s3_endpoint
+    local = tmp_path / "trained"
+    (local / "sub").mkdir(parents=True)
+    (local / "model.safetensors").write_bytes(os.urandom(300_000))
+    (local / "sub" / "config.json").write_text('{"a": 1}')
+    uri = f"s3://{BUCKET}/models-test/models/ckpt-a"
+    assert written_at(uri, opts) == -1.0
+    manifest = upload(local, uri, opts)
+    assert set(manifest["files"]) == {"model.safetensors", "sub/config.json"}
+    assert written_at(uri, opts) == manifest["written_at"] > 0
+
+    elsewhere = tmp_path / "other-machine" / "ckpt-a"
+    assert fetch(uri, elsewhere, opts) == elsewhere
+    for rel in ("model.safetensors", "sub/config.json"):
+        assert (elsewhere / rel).read_bytes() == (local / rel).read_bytes()
+    inode = (elsewhere / "model.safetensors").stat().st_ino
+    fetch(uri, elsewhere, opts)
+    assert (elsewhere / "model.safetensors").stat().st_ino == inode  # the same upload: not downloaded again
+    assert fetch(uri, local, opts) == local and (local / MANIFEST).is_file()  # the trainer's own folder is that upload
+
+    (local / "model.safetensors").write_bytes(b"retrained")  # a retrain under the same id replaces the files
+    (local / "sub" / "config.json").unlink()
+    upload(local, uri, opts)
+    fetch(uri, elsewhere, opts)
+    assert (elsewhere / "model.safetensors").read_bytes() == b"retrained" and not (elsewhere / "sub" / "config.json").exists()
+    assert not any(k.endswith("sub/config.json") for k in _keys(endpoint, opts, "models-test/"))  # gone from the store too
+
+    s3 = _s3(endpoint, opts)
+    s3.put_object(Bucket=BUCKET, Key="models-test/models/ckpt-a/model.safetensors", Body=b"damaged")
+    with pytest.raises(ModelStoreError, match="does not match its manifest.*model.safetensors"):
+        fetch(uri, tmp_path / "third", opts)
+    assert not (tmp_path / "third").exists()
+    s3.delete_object(Bucket=BUCKET, Key=f"models-test/models/ckpt-a/{MANIFEST}")  # an upload under way
+    with pytest.raises(ModelStoreError, match="upload did not finish"):
+        fetch(uri, elsewhere, opts)
+    assert (elsewhere / "model.safetensors").read_bytes() == b"retrained"  # the fetched copy is untouched
+    with pytest.raises(ModelStoreError, match="no model folder to upload"):
+        upload(tmp_path / "nothing", uri, opts)
+
+
+def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_path, monkeypatch):
+    """With an object-store lake the checkpoints go to the store (<lake>/models/<id>), so a step on another machine
+    (a pod per step, with nothing of the training pod's disk) loads them from there: the benchmark on a fresh
+    COWORK_HOME fetches the students it scores and scores them as the training machine did."""
+    from assets.definitions import ALL_ASSETS, resources
+    from assets.run import ensure_home, run_all
+    from assets.models import CHECKPOINT_SCHEMA
+    from cowork_pipeline.training.model_store import store_folders, upload
+    from cowork_pipeline.training.registry import delete_stale, stale_in_lake
+    from resources import SMOKE_PROFILE, AgentsResource, LakeResource, ProfileResource
+
+    endpoint, opts = s3_endpoint
+    lake_res = LakeResource(root=f"s3://{BUCKET}/two-machines", storage_options=opts)
+    profile = ProfileResource(**SMOKE_PROFILE)
+    monkeypatch.setenv("COWORK_HOME", str(tmp_path / "trainer"))
+    # an earlier night's SFT checkpoint, in the store and registered: nothing will read it after this run
+    old = tmp_path / "old-sft"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"old weights")
+    upload(old, f"s3://{BUCKET}/two-machines/models/sft-old", opts)
+    upload(old, f"s3://{BUCKET}/two-machines/models/my-own-model", opts)  # a folder no registry row names
+    registered = lake_res.lake().write(
+        "checkpoints", pl.DataFrame([{"checkpoint_id": "sft-old", "kind": "sft", "path": f"s3://{BUCKET}/two-machines/models/sft-old"}],
+                                    schema=CHECKPOINT_SCHEMA), lineage=Lineage.local("checkpoints"), key=["checkpoint_id"])
+    lake_res.lake().promote("checkpoints", registered, run_id="earlier-night", checks={})
+    lines: list[str] = []
+    run_all(profile, lake_res, ensure_home(tmp_path / "trainer" / "dagster_home"), log=lines.append,
+            capabilities=["invoice_reconcile", "weekly_task_digest"])
+    assert all("FAILED" not in line for line in lines), "\n".join(lines)
+    lake = lake_res.lake()
+    rows = lake.read_promoted("checkpoints")[0].to_dicts() + lake.read_promoted("rl_checkpoints")[0].to_dicts()
+    rows = [r for r in rows if r["checkpoint_id"] != "sft-old"]
+    assert {r["kind"] for r in rows} == {"base", "sft", "rl"}
+    keys = _keys(endpoint, opts, "two-machines/models/")
+    for r in rows:
+        assert r["path"] == f"s3://{BUCKET}/two-machines/models/{r['checkpoint_id']}"
+        assert f"two-machines/models/{r['checkpoint_id']}/_cowork_manifest.json" in keys
+    first, _ = lake.read_promoted("benchmark_scores")
+
+    shutil.rmtree(tmp_path / "trainer" / "models")  # the training pod is gone, and its disk with it
+    monkeypatch.setenv("COWORK_HOME", str(tmp_path / "scorer"))  # another machine
+    res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey("benchmark_scores")], instance=dg.DagsterInstance.ephemeral(),
+                         resources=resources(profile, lake_res, agents=AgentsResource(rescore=True)))
+    assert res.success
+    again, _ = lake.read_promoted("benchmark_scores")
+    assert set(again["_run_id"]) == {res.run_id}  # every agent scored anew, by this run
+    students = sorted(a for a in again["agent"].unique() if not a.startswith("teacher"))
+    assert students and all((tmp_path / "scorer" / "models" / "models" / a.split(":", 1)[1]).is_dir() for a in students)
+    cols = ["agent", "env_id", "trial", "score", "passed"]
+    assert again.select(cols).sort(cols).equals(first.select(cols).sort(cols))  # the same weights, the same verdicts
+
+    from cowork_pipeline.lineage import trace
+
+    sft = next(r["checkpoint_id"] for r in rows if r["kind"] == "sft")
+    assert trace(lake, sft).attrs["weights_in_store"] is True  # `cowork lineage` says the weights are there
+
+    # the vacuum (here judged two hours on, past a one-hour retention) deletes from the store the weights nothing reads
+    store = store_folders(f"s3://{BUCKET}/two-machines/models", opts)
+    assert {f.name for f in store} == {"sft-old", "my-own-model", *(r["checkpoint_id"] for r in rows)}
+    stale = stale_in_lake(lake, store, None, retain_hours=1, now=time.time() + 2 * 3600)
+    assert [(f.name, f.path) for f in stale] == [("sft-old", f"s3://{BUCKET}/two-machines/models/sft-old")]
+    assert stale_in_lake(lake, store, None, retain_hours=1) == []  # younger than the retention: kept
+    delete_stale(stale, opts)
+    delete_stale(stale, opts)  # a second vacuum racing the first finds it gone: no error
+    assert {f.name for f in store_folders(f"s3://{BUCKET}/two-machines/models", opts)} == {f.name for f in store} - {"sft-old"}

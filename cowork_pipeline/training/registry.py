@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from cowork_pipeline.lake import Lake
 
@@ -31,46 +31,48 @@ def trained_at(path: str) -> float:
         return -1.0
 
 
-def latest_trained(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The row of the most recently trained checkpoint among ``rows`` (each with a ``path``); a tie or a
-    checkpoint not on disk keeps table order (the later row wins)."""
+def latest_trained(rows: list[dict[str, Any]], trained: Callable[[str], float] = trained_at) -> dict[str, Any] | None:
+    """The row of the most recently trained checkpoint among ``rows`` (each with a ``path``; ``trained`` says when the
+    files at a path were written, -1 when unknown); a tie or a checkpoint not found keeps table order (the later row
+    wins)."""
     best, best_t = None, float("-inf")
     for r in rows:
-        t = trained_at(str(r.get("path") or ""))
+        t = trained(str(r.get("path") or ""))
         if t >= best_t:
             best, best_t = r, t
     return best
 
 
-def checkpoint_key(row: dict[str, Any], **settings: Any) -> str:
+def checkpoint_key(row: dict[str, Any], files: list[tuple[str, int, Any]] | None = None, **settings: Any) -> str:
     """Identifies the weights a registry row stands for, plus the settings an agent runs them with. A checkpoint id
     alone does not: training again with other settings writes new weights under the same id and path. So the key
     covers the row (config, data versions, metrics of that training) and the files at the path (name, size, mtime):
-    a retrain, or a user's checkpoint replaced in place, gives another key."""
+    a retrain, or a user's checkpoint replaced in place, gives another key. ``files`` stands for the listing where
+    the files are not on this machine (an object store's manifest)."""
     import hashlib
     import json
 
-    files: list[tuple[str, int, int]] = []
-    p = Path(str(row.get("path") or ""))
-    try:
-        for f in _files(p):
-            if f.is_file():  # (the path itself may be missing)
-                st = f.stat()
-                files.append((str(f.relative_to(p)) if p.is_dir() else f.name, st.st_size, st.st_mtime_ns))
-    except OSError:
-        files = [("unreadable", 0, 0)]
+    if files is None:
+        files, p = [], Path(str(row.get("path") or ""))
+        try:
+            for f in _files(p):
+                if f.is_file():  # (the path itself may be missing)
+                    st = f.stat()
+                    files.append((str(f.relative_to(p)) if p.is_dir() else f.name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            files = [("unreadable", 0, 0)]
     fields = {k: row.get(k) for k in ("checkpoint_id", "kind", "path", "base_checkpoint_id", "base_model", "config_json",
                                       "data_versions_json", "metrics_json")}
     blob = json.dumps([fields, files, settings], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def current_checkpoints(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def current_checkpoints(rows: list[dict[str, Any]], trained: Callable[[str], float] = trained_at) -> list[dict[str, Any]]:
     """The base and SFT checkpoints trained last, and the RL checkpoints grown from that SFT one: what the benchmark
     scores and RL starts from. A re-run with other settings leaves the earlier rows registered: they are history."""
     out: list[dict[str, Any]] = []
     for kind in ("base", "sft"):
-        latest = latest_trained([r for r in rows if r.get("kind") == kind])
+        latest = latest_trained([r for r in rows if r.get("kind") == kind], trained)
         out += [latest] if latest else []
     sft = out[-1]["checkpoint_id"] if out and out[-1]["kind"] == "sft" else None
     rl = [r for r in rows if r.get("kind") == "rl" and (sft is None or r.get("base_checkpoint_id") == sft)]
@@ -89,15 +91,29 @@ class StaleFiles:
 
     kind: str  # "checkpoint" | "export"
     name: str  # the checkpoint id, or the export's folder name
-    path: Path
+    path: Path | str  # a local folder, or a folder in the object store (URI)
     bytes: int
 
 
-def checkpoints_in_use(rows: list[dict[str, Any]], named: Iterable[str] = ()) -> set[str]:
+@dataclass(frozen=True)
+class ModelFolder:
+    """A folder of model files, on this machine or in the object store: when its newest file was written, its size."""
+
+    name: str
+    path: str
+    written: float
+    bytes: int
+
+
+def local_folders(root: Path | None) -> list[ModelFolder]:
+    return [ModelFolder(d.name, str(d), trained_at(str(d)), _size(d)) for d in _folders(root)]
+
+
+def checkpoints_in_use(rows: list[dict[str, Any]], named: Iterable[str] = (), trained: Callable[[str], float] = trained_at) -> set[str]:
     """Ids whose weights something still reads: the current checkpoints (:func:`current_checkpoints`), the ``named``
     ones (those a retained score names), and the checkpoints each of them was trained from, transitively."""
     base_of = {str(r["checkpoint_id"]): r.get("base_checkpoint_id") for r in rows}
-    todo = [str(r["checkpoint_id"]) for r in current_checkpoints(rows)] + sorted(named)
+    todo = [str(r["checkpoint_id"]) for r in current_checkpoints(rows, trained)] + sorted(named)
     keep: set[str] = set()
     while todo:
         ckpt = todo.pop()
@@ -112,18 +128,19 @@ def checkpoints_in_use(rows: list[dict[str, Any]], named: Iterable[str] = ()) ->
 _EXPORT = re.compile(r"^(?P<table>[A-Za-z0-9_]+)_v(?P<version>\d+)$")
 
 
-def stale_model_files(models_root: Path, registered: list[dict[str, Any]], in_use: set[str], exports_root: Path | None,
-                      retained_versions: dict[str, set[int]], written_before: float) -> list[StaleFiles]:
-    """What :func:`delete_stale` may delete: the folders under ``models_root`` named after a registered checkpoint
+def stale_model_files(models_root: Path | list[ModelFolder] | None, registered: list[dict[str, Any]], in_use: set[str],
+                      exports_root: Path | None, retained_versions: dict[str, set[int]], written_before: float) -> list[StaleFiles]:
+    """What :func:`delete_stale` may delete: the folders under ``models_root`` (or the store's, listed) named after a registered checkpoint
     not ``in_use``, and the folders ``<table>_v<N>`` under ``exports_root`` whose table version is not retained, when
     their newest file was written before ``written_before`` (epoch seconds; younger ones may belong to a run still
     writing). A folder no registry row names (a user's own, a training that failed its checks before registering)
     and an export of a table the lake does not know are left alone."""
     out: list[StaleFiles] = []
     ids = {str(r["checkpoint_id"]) for r in registered}
-    for d in _folders(models_root):
-        if d.name in ids and d.name not in in_use and trained_at(str(d)) < written_before:
-            out.append(StaleFiles("checkpoint", d.name, d, _size(d)))
+    folders = models_root if isinstance(models_root, list) else local_folders(models_root)
+    for f in folders:
+        if f.name in ids and f.name not in in_use and f.written < written_before:
+            out.append(StaleFiles("checkpoint", f.name, Path(f.path) if "://" not in f.path else f.path, f.bytes))
     for d in _folders(exports_root):
         m = _EXPORT.match(d.name)
         if m and m["table"] in retained_versions and int(m["version"]) not in retained_versions[m["table"]] \
@@ -132,7 +149,7 @@ def stale_model_files(models_root: Path, registered: list[dict[str, Any]], in_us
     return out
 
 
-def stale_in_lake(lake: Lake, models_root: Path, exports_root: Path | None, retain_hours: float,
+def stale_in_lake(lake: Lake, models_root: Path | list[ModelFolder], exports_root: Path | None, retain_hours: float,
                   retained_versions: dict[str, set[int]] | None = None, now: float | None = None) -> list[StaleFiles]:
     """:func:`stale_model_files` for a lake: the registered checkpoints are the rows of its checkpoint tables; in use
     are the current ones among the promoted rows, those the last write of a checkpoint table registered, and those
@@ -168,18 +185,25 @@ def stale_in_lake(lake: Lake, models_root: Path, exports_root: Path | None, reta
             if "checkpoint_id" in lake.columns(table, v):
                 named |= {str(c) for c in lake.read(table, version=v, columns=["checkpoint_id"])["checkpoint_id"].unique() if c}
     # judge "trained last" by the folders this vacuum would delete (a lake copied or moved keeps its rows' old paths)
-    promoted = [{**r, "path": str(models_root / str(r["checkpoint_id"]))} if (models_root / str(r["checkpoint_id"])).is_dir()
-                else r for r in promoted]
+    folders = models_root if isinstance(models_root, list) else local_folders(models_root)
+    by_name = {f.name: f for f in folders}
+    promoted = [{**r, "path": by_name[str(r["checkpoint_id"])].path} if str(r["checkpoint_id"]) in by_name else r for r in promoted]
+    written = {f.path: f.written for f in folders}
+    in_use = checkpoints_in_use(promoted, named | newest, trained=lambda p: written[p] if p in written else trained_at(p))
     written_before = (time.time() if now is None else now) - retain_hours * 3600
-    return stale_model_files(models_root, registered, checkpoints_in_use(promoted, named | newest), exports_root,
-                             retained, written_before)
+    return stale_model_files(folders, registered, in_use, exports_root, retained, written_before)
 
 
-def delete_stale(files: list[StaleFiles]) -> None:
-    """Delete each folder (one that is already gone is no error: two vacuums may race)."""
+def delete_stale(files: list[StaleFiles], storage_options: dict[str, str] | None = None) -> None:
+    """Delete each folder, local or in the object store (one that is already gone is no error: two vacuums may race)."""
     import shutil
 
+    from cowork_pipeline.training.model_store import delete_folder
+
     for f in files:
+        if isinstance(f.path, str) and "://" in f.path:
+            delete_folder(f.path, storage_options)
+            continue
         try:
             shutil.rmtree(f.path)
         except FileNotFoundError:

@@ -1,0 +1,217 @@
+"""Model folders of an object-store lake, kept in the store beside its tables (``<lake>/models/<checkpoint id>``).
+
+A step that trains writes its checkpoint to a local folder, then :func:`upload` copies it to the store; a step
+elsewhere (another pod, another host) that loads it calls :func:`fetch`, which downloads it into a local folder once
+and reuses it while the store holds the same files. What makes a store folder whole is its manifest, written last:
+every file's size and SHA-256. An upload removes the old manifest before it copies anything, so a reader never takes
+a folder mid-upload for a whole one, and :func:`fetch` checks every file it downloads against the manifest.
+
+Files move through ``pyarrow.fs`` (already a dependency of the lake); S3 settings are read from the lake's Delta
+``storage_options`` (the same keys: ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``, ``AWS_REGION``, credentials), and
+whatever they leave out from the environment, as delta-rs does."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlparse
+
+MANIFEST = "_cowork_manifest.json"
+
+
+class ModelStoreError(RuntimeError):
+    """A model folder in the object store is missing, incomplete or does not match its manifest."""
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _option(options: Mapping[str, str], *names: str) -> str | None:
+    """The first of ``names`` the storage options set (any case), else the first AWS_* variable among them."""
+    lower = {k.lower(): v for k, v in options.items()}
+    for value in [lower.get(n.lower()) for n in names] + [os.environ.get(n.upper()) for n in names if n.startswith("aws_")]:
+        if value:
+            return str(value)
+    return None
+
+
+def filesystem(uri: str, storage_options: Mapping[str, str] | None = None):
+    """(pyarrow filesystem, path inside it) for ``uri``: s3:// (and s3a://) with the Delta storage options, any
+    other scheme pyarrow knows (gs://, ...) with its default credentials."""
+    import pyarrow.fs as pafs
+
+    parsed = urlparse(uri)
+    if parsed.scheme in ("s3", "s3a"):
+        opts = storage_options or {}
+        kwargs: dict = {}
+        endpoint = _option(opts, "aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
+        if endpoint:
+            ep = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+            kwargs["endpoint_override"], kwargs["scheme"] = ep.netloc + ep.path.rstrip("/"), ep.scheme
+        if (_option(opts, "aws_allow_http", "allow_http") or "").lower() == "true" and "scheme" not in kwargs:
+            kwargs["scheme"] = "http"
+        for key, names in (("region", ("aws_region", "region", "aws_default_region")),
+                           ("access_key", ("aws_access_key_id", "access_key_id")),
+                           ("secret_key", ("aws_secret_access_key", "secret_access_key")),
+                           ("session_token", ("aws_session_token", "session_token", "aws_token", "token"))):
+            value = _option(opts, *names)
+            if value:
+                kwargs[key] = value
+        return pafs.S3FileSystem(**kwargs), f"{parsed.netloc}{parsed.path}".rstrip("/")
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path.rstrip("/")
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest_of(folder: Path) -> dict:
+    """Every file under ``folder`` (relative path -> size and SHA-256), the manifest an upload writes."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return {"files": {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}}
+
+
+def upload(local: Path, uri: str, storage_options: Mapping[str, str] | None = None) -> dict:
+    """Copy the model folder ``local`` to ``uri`` (replacing what is there) and write its manifest last; returns it."""
+    import pyarrow.fs as pafs
+
+    local = Path(local)
+    if not local.is_dir():
+        raise ModelStoreError(f"no model folder to upload at {local}")
+    (local / MANIFEST).unlink(missing_ok=True)  # an earlier upload's: it must not be copied as this one's
+    fs, root = filesystem(uri, storage_options)
+    manifest = {**manifest_of(local), "written_at": time.time(), "upload_id": uuid.uuid4().hex}
+    try:
+        if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.NotFound:
+            fs.delete_file(f"{root}/{MANIFEST}")  # first: from here on readers see an incomplete folder
+        if fs.get_file_info(root).type == pafs.FileType.Directory:
+            fs.delete_dir_contents(root)  # files an earlier upload had and this one has not
+        pafs.copy_files(str(local), root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+        with fs.open_output_stream(f"{root}/{MANIFEST}") as out:
+            out.write(json.dumps(manifest, sort_keys=True).encode())
+    except OSError as e:
+        raise ModelStoreError(f"could not upload {local} to {uri}: {e}") from e
+    (local / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))  # this machine holds this upload: no fetch
+    return manifest
+
+
+def remote_manifest(uri: str, storage_options: Mapping[str, str] | None = None) -> dict | None:
+    """The manifest of the store folder ``uri``; None when it has none (missing, or an upload under way)."""
+    fs, root = filesystem(uri, storage_options)
+    try:
+        with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if "not found" in str(e).lower() or "nosuchkey" in str(e).lower():
+            return None
+        raise ModelStoreError(f"could not read the manifest of {uri}: {e}") from e
+    try:
+        manifest = json.loads(text)
+        assert isinstance(manifest.get("files"), dict)
+        return manifest
+    except (ValueError, AssertionError, AttributeError) as e:
+        raise ModelStoreError(f"{uri}/{MANIFEST} is not a model manifest: {e}") from e
+
+
+def written_at(uri: str, storage_options: Mapping[str, str] | None = None) -> float:
+    """When the store folder ``uri`` was uploaded (epoch seconds); -1 when it has no manifest."""
+    manifest = remote_manifest(uri, storage_options)
+    return float(manifest.get("written_at", -1.0)) if manifest else -1.0
+
+
+def fetch(uri: str, dest: Path, storage_options: Mapping[str, str] | None = None) -> Path:
+    """``dest``, holding the files of the store folder ``uri``: downloaded when ``dest`` does not hold this upload
+    already, checked file by file against the manifest, and swapped in whole (a reader of ``dest`` never sees a
+    half-written folder)."""
+    import pyarrow.fs as pafs
+
+    dest = Path(dest)
+    manifest = remote_manifest(uri, storage_options)
+    if manifest is None:
+        raise ModelStoreError(f"no model at {uri}: the folder is missing or its upload did not finish ({MANIFEST} absent)")
+    local_manifest = dest / MANIFEST
+    if local_manifest.is_file():
+        try:
+            if json.loads(local_manifest.read_text()) == manifest:
+                return dest
+        except ValueError:
+            pass
+    fs, root = filesystem(uri, storage_options)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-", dir=dest.parent))
+    try:
+        for rel in manifest["files"]:
+            if rel.startswith("/") or ".." in Path(rel).parts:
+                raise ModelStoreError(f"{uri}/{MANIFEST} names a file outside the folder: {rel!r}")
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            pafs.copy_files(f"{root}/{rel}", str(tmp / rel), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        got = manifest_of(tmp)["files"]
+        if got != manifest["files"]:
+            bad = sorted(k for k in set(got) | set(manifest["files"]) if got.get(k) != manifest["files"].get(k))[:5]
+            raise ModelStoreError(f"{uri} does not match its manifest (re-uploaded meanwhile, or damaged): {bad}")
+        (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
+        old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
+        if dest.exists():
+            dest.rename(old)
+        tmp.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        raise ModelStoreError(f"could not download {uri} to {dest}: {e}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def store_folders(root_uri: str, storage_options: Mapping[str, str] | None = None) -> list:
+    """The model folders under ``root_uri`` (``<lake>/models``), as registry ``ModelFolder``s: written when their
+    newest object was (the manifest, for a whole upload), their size in bytes."""
+    import pyarrow.fs as pafs
+
+    from cowork_pipeline.training.registry import ModelFolder
+
+    fs, root = filesystem(root_uri, storage_options)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    except OSError as e:
+        raise ModelStoreError(f"could not list the model folders in {root_uri}: {e}") from e
+    newest: dict[str, float] = {}
+    size: dict[str, int] = {}
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        name = info.path[len(root) + 1:].split("/", 1)[0]
+        newest[name] = max(newest.get(name, -1.0), info.mtime.timestamp() if info.mtime else -1.0)
+        size[name] = size.get(name, 0) + int(info.size or 0)
+    base = root_uri.rstrip("/")
+    return [ModelFolder(name, f"{base}/{name}", newest[name], size[name]) for name in sorted(newest)]
+
+
+def delete_folder(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+    """Delete the store folder ``uri``: its manifest first (a reader then sees an incomplete folder, never a partial
+    one as whole), then its files; a folder already gone is no error."""
+    import pyarrow.fs as pafs
+
+    fs, root = filesystem(uri, storage_options)
+    try:
+        if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.NotFound:
+            fs.delete_file(f"{root}/{MANIFEST}")
+        if fs.get_file_info(root).type == pafs.FileType.Directory:
+            fs.delete_dir(root)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise ModelStoreError(f"could not delete {uri}: {e}") from e
