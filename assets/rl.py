@@ -45,12 +45,13 @@ def rl_training(context: AssetExecutionContext, lake: LakeResource, profile: Pro
     if unknown:
         raise dg.Failure(f"unknown RL configuration(s) {unknown}; known: {sorted(known)}")
     device = compute.resolve()
+    start = local_model(lk, base["path"])  # (fetched from the store once, when it is not on this machine)
     rows, curves, registry = [], [], []
     with Sandbox(workers=profile.sandbox_workers) as sb:
         for name in wanted:
             cfg = replace(known[name], group_size=profile.rl_group_size, seed=profile.student_seed, max_new_tokens=profile.max_new_tokens)
             ckpt_id = f"rl-{name}-{base['checkpoint_id']}-n{profile.rl_steps}"
-            res = train_rl(local_model(lk, base["path"]), [e for e, _ in envs], sb, cfg, profile.rl_steps, model_dir(lk, ckpt_id), device=device,
+            res = train_rl(start, [e for e, _ in envs], sb, cfg, profile.rl_steps, model_dir(lk, ckpt_id), device=device,
                            on_step=lambda r, n=name: context.log.info(f"rl {n} step {r.get('step')}: reward {r.get('mean_reward')}"))
             rows.extend(rollout_rows_with_config(res.rollouts, name))
             for r in res.curve:

@@ -130,10 +130,10 @@ _EXPORT = re.compile(r"^(?P<table>[A-Za-z0-9_]+)_v(?P<version>\d+)$")
 
 def stale_model_files(models_root: Path | list[ModelFolder] | None, registered: list[dict[str, Any]], in_use: set[str],
                       exports_root: Path | None, retained_versions: dict[str, set[int]], written_before: float) -> list[StaleFiles]:
-    """What :func:`delete_stale` may delete: the folders under ``models_root`` (or the store's, listed) named after a registered checkpoint
-    not ``in_use``, and the folders ``<table>_v<N>`` under ``exports_root`` whose table version is not retained, when
-    their newest file was written before ``written_before`` (epoch seconds; younger ones may belong to a run still
-    writing). A folder no registry row names (a user's own, a training that failed its checks before registering)
+    """What :func:`delete_stale` may delete: the folders under ``models_root`` (or those listed: the store's) named
+    after a registered checkpoint not ``in_use``, and the folders ``<table>_v<N>`` under ``exports_root`` whose table
+    version is not retained, when their newest file was written before ``written_before`` (epoch seconds; younger
+    ones may belong to a run still writing). A folder no registry row names (a user's own, a training that failed its checks before registering)
     and an export of a table the lake does not know are left alone."""
     out: list[StaleFiles] = []
     ids = {str(r["checkpoint_id"]) for r in registered}
