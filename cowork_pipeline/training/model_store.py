@@ -94,10 +94,7 @@ def upload(local: Path, uri: str, storage_options: Mapping[str, str] | None = No
     fs, root = filesystem(uri, storage_options)
     manifest = {**manifest_of(local), "written_at": time.time(), "upload_id": uuid.uuid4().hex}
     try:
-        if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.NotFound:
-            fs.delete_file(f"{root}/{MANIFEST}")  # first: from here on readers see an incomplete folder
-        if fs.get_file_info(root).type == pafs.FileType.Directory:
-            fs.delete_dir_contents(root)  # files an earlier upload had and this one has not
+        _withdraw(fs, root)  # (files an earlier upload had and this one has not go too)
         pafs.copy_files(str(local), root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
         with fs.open_output_stream(f"{root}/{MANIFEST}") as out:
             out.write(json.dumps(manifest, sort_keys=True).encode())
@@ -201,17 +198,22 @@ def store_folders(root_uri: str, storage_options: Mapping[str, str] | None = Non
 
 
 def delete_folder(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
-    """Delete the store folder ``uri``: its manifest first (a reader then sees an incomplete folder, never a partial
-    one as whole), then its files; a folder already gone is no error."""
-    import pyarrow.fs as pafs
-
+    """Delete the store folder ``uri`` (:func:`_withdraw`); a folder already gone is no error."""
     fs, root = filesystem(uri, storage_options)
     try:
-        if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.NotFound:
-            fs.delete_file(f"{root}/{MANIFEST}")
-        if fs.get_file_info(root).type == pafs.FileType.Directory:
-            fs.delete_dir(root)
+        _withdraw(fs, root)
     except FileNotFoundError:
         pass
     except OSError as e:
         raise ModelStoreError(f"could not delete {uri}: {e}") from e
+
+
+def _withdraw(fs, root: str) -> None:
+    """Delete a store folder, its manifest first: from then on readers see an incomplete folder, never a partial one
+    as whole (what an upload does before it copies, and a vacuum to delete)."""
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.NotFound:
+        fs.delete_file(f"{root}/{MANIFEST}")
+    if fs.get_file_info(root).type == pafs.FileType.Directory:
+        fs.delete_dir(root)
