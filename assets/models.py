@@ -29,9 +29,10 @@ def model_dir(lake: Lake, *parts: str) -> Path:
 def publish_model(lake: Lake, local: Path, checkpoint_id: str) -> str:
     """The path a checkpoint is registered under: its folder for a folder lake; for an object-store lake its copy in
     the store, ``<lake>/models/<checkpoint id>``, so that a step on another machine (a pod per step) can load it."""
-    if "://" not in lake.root:
+    from cowork_pipeline.training.model_store import is_remote, upload
+
+    if not is_remote(lake.root):
         return str(local)
-    from cowork_pipeline.training.model_store import upload
 
     uri = f"{lake.root.rstrip('/')}/models/{checkpoint_id}"
     upload(local, uri, lake.storage_options)

@@ -79,7 +79,9 @@ def _digest(path: Path) -> str:
 
 def manifest_of(folder: Path) -> dict:
     """Every file under ``folder`` (relative path -> size and SHA-256), the manifest an upload writes."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    from cowork_pipeline.training.registry import _files
+
+    files = [p for p in _files(folder) if p.name != MANIFEST]
     return {"files": {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}}
 
 
@@ -118,10 +120,11 @@ def remote_manifest(uri: str, storage_options: Mapping[str, str] | None = None) 
         raise ModelStoreError(f"could not read the manifest of {uri}: {e}") from e
     try:
         manifest = json.loads(text)
-        assert isinstance(manifest.get("files"), dict)
-        return manifest
-    except (ValueError, AssertionError, AttributeError) as e:
+    except ValueError as e:
         raise ModelStoreError(f"{uri}/{MANIFEST} is not a model manifest: {e}") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ModelStoreError(f"{uri}/{MANIFEST} is not a model manifest: no 'files' object")
+    return manifest
 
 
 def written_at(uri: str, storage_options: Mapping[str, str] | None = None) -> float:
