@@ -266,10 +266,64 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from cowork_pipeline.serving.server import serve
+def served_checkpoint(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(the local folder to load, the model name to serve it as) for ``cowork serve CHECKPOINT``: a folder, a store
+    folder's URI (fetched into the home), or a checkpoint the lake registers (by id, or ``base``/``sft``/``rl[:config]``
+    for the current one), served under its id and fetched first when the lake keeps it in an object store."""
+    from assets.models import local_model, model_dir
+    from cowork_pipeline.lake import Lake
+    from cowork_pipeline.training.model_store import fetch, is_remote
 
-    serve(args.checkpoint, host=args.host, port=args.port)
+    ref = args.checkpoint
+    if is_remote(ref):
+        name = ref.rstrip("/").rsplit("/", 1)[-1]
+        return str(fetch(ref, model_dir(Lake(ref), name))), name  # (into the home, as an object-store lake's steps do)
+    if "/" in ref or os.sep in ref or Path(ref).expanduser().exists():
+        return ref, None
+    from assets.lineage_cli import default_lake
+    from assets.models import model_trained_at
+    from cowork_pipeline.training.registry import UnknownCheckpoint, find_checkpoint
+
+    root = default_lake(args)
+    if not is_remote(root) and not Path(root).is_dir():
+        raise UnknownCheckpoint(f"{ref!r} is no folder here, and there is no lake at {root} to look it up in "
+                                "(run `cowork run` first, or pass --lake PATH)")
+    lake = Lake(root)
+    rows = lake.read_promoted("checkpoints")[0].to_dicts() if lake.exists("checkpoints") else []
+    if lake.exists("rl_checkpoints"):
+        rows += lake.read_promoted("rl_checkpoints")[0].to_dicts()
+    row = find_checkpoint(rows, ref, model_trained_at(lake))
+    return local_model(lake, str(row["path"])), str(row["checkpoint_id"])
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from cowork_pipeline.lake import LakeError
+    from cowork_pipeline.serving.server import serve
+    from cowork_pipeline.training.model_store import ModelStoreError
+    from cowork_pipeline.training.registry import UnknownCheckpoint
+    from cowork_pipeline.training.student import CheckpointError
+
+    os.environ.setdefault("COWORK_HOME", str(_home(args)))
+    try:
+        path, name = served_checkpoint(args)
+    except UnknownCheckpoint as e:
+        print(f"cowork serve: {e}", file=sys.stderr)
+        return 2
+    except (LakeError, ModelStoreError) as e:
+        print(f"cowork serve: {e}", file=sys.stderr)
+        return 1
+
+    def announce(url: str) -> None:
+        print(f"serving {name or path} at {url} (POST /chat/completions, GET /models; Ctrl-C stops)", flush=True)
+
+    try:
+        serve(path, host=args.host, port=args.port, model_name=name, announce=announce)
+    except CheckpointError as e:
+        print(f"cowork serve: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the address is taken, or not this machine's
+        print(f"cowork serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -326,9 +380,11 @@ def parser() -> argparse.ArgumentParser:
     _add_endpoint_args(e)
     e.set_defaults(fn=cmd_eval)
     s = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible endpoint on 127.0.0.1")
-    s.add_argument("checkpoint")
+    s.add_argument("checkpoint", help="a checkpoint folder, a registered checkpoint id, or base / sft / rl[:CONFIG] for the "
+                                      "current one (what the benchmark scores); a registered one is served under its id")
+    s.add_argument("--lake", help="the lake whose registry names the checkpoint (default: $COWORK_LAKE or <home>/lake)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="0 takes a free port (the URL is printed)")
     s.set_defaults(fn=cmd_serve)
     from assets.lineage_cli import register as register_lineage
 

@@ -348,6 +348,67 @@ def test_another_student_seed_trains_beside_seed_0_and_leaves_its_weights_alone(
     assert json.loads(by_id[base1]["config_json"])["seed"] == 1
 
 
+def test_cowork_serve_serves_a_registered_checkpoint_by_id_or_by_kind(smoke_run, tmp_path, capsys):
+    """`cowork serve sft` (or base, rl:CONFIG, or a checkpoint id) serves the checkpoint the lake's registry names, the
+    one the benchmark scores, under its id, so a user need not dig out its folder; a folder still works, and a name
+    that is no checkpoint says which ones are current."""
+    import time
+    import urllib.request
+
+    from assets.cli import main, parse_args, served_checkpoint
+
+    lake = smoke_run[0]
+    home = Path(lake.root).parent
+    rows = lake.read_promoted("checkpoints")[0].to_dicts() + lake.read_promoted("rl_checkpoints")[0].to_dicts()
+    by_kind = {k: [r for r in rows if r["kind"] == k] for k in ("base", "sft", "rl")}
+    assert len(by_kind["base"]) == len(by_kind["sft"]) == 1 and len(by_kind["rl"]) == 2  # the smoke profile's
+    (sft,), (base,) = by_kind["sft"], by_kind["base"]
+    partial_turn = next(r for r in by_kind["rl"] if r["checkpoint_id"].startswith("rl-partial_turn-"))
+
+    def resolve(ref: str) -> tuple[str, str | None]:
+        return served_checkpoint(parse_args(["--home", str(home), "serve", ref, "--lake", lake.root]))
+
+    for ref, row in (("sft", sft), (sft["checkpoint_id"], sft), ("base", base), ("rl:partial_turn", partial_turn)):
+        assert resolve(ref) == (row["path"], row["checkpoint_id"]), ref
+    assert resolve(sft["path"]) == (sft["path"], None)  # a folder is served as it is
+    # names that are no single checkpoint: the error lists what there is, nothing is served
+    assert main(["--home", str(home), "serve", "rl", "--lake", lake.root]) == 2
+    assert "2 current rl checkpoints; name one: rl:binary_traj, rl:partial_turn" in capsys.readouterr().err
+    assert main(["--home", str(home), "serve", "sft-nope", "--lake", lake.root]) == 2
+    assert "no checkpoint 'sft-nope' is registered" in (err := capsys.readouterr().err) and sft["checkpoint_id"] in err
+    assert main(["--home", str(tmp_path), "serve", "sft"]) == 2
+    assert "no lake at" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "gone")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    # the real command: a free port, the URL printed once the model is loaded, the checkpoint served under its id
+    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "--home", str(home), "serve", "sft", "--lake", lake.root,
+                             "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"serving {sft['checkpoint_id']} at http://127.0.0.1:"), (line, proc.stderr.read() if not line else "")
+        url = line.split(" at ")[1].split()[0]
+        deadline = time.time() + 60
+        while True:  # (the URL is printed as uvicorn starts listening)
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=10) as r:
+                    models = json.load(r)
+                break
+            except OSError:
+                assert time.time() < deadline, "the server did not answer"
+                time.sleep(0.2)
+        assert [m["id"] for m in models["data"]] == [sft["checkpoint_id"]]
+        body = json.dumps({"model": sft["checkpoint_id"], "messages": [{"role": "user", "content": "Which invoices are overdue?"}],
+                           "max_tokens": 8}).encode()
+        req = urllib.request.Request(url + "/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.load(r)
+        assert answer["model"] == sft["checkpoint_id"] and answer["choices"][0]["message"]["role"] == "assistant"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_each_capability_drafts_its_own_number_of_environments_unless_the_profile_says(tmp_path, monkeypatch):
     """A capability's ``environments`` sets its seeds; a profile's ``envs_per_capability`` overrides it for all."""
     from cowork_pipeline.capabilities import CATALOG_DIR

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import boto3  # dev dependency, with moto[server]
 import dagster as dg
@@ -305,6 +306,19 @@ def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_
 
     sft = next(r["checkpoint_id"] for r in rows if r["kind"] == "sft")
     assert trace(lake, sft).attrs["weights_in_store"] is True  # `cowork lineage` says the weights are there
+
+    # `cowork serve sft` on a third machine (the store's settings in AWS_* variables, as the CLI reads them) fetches
+    # the current SFT checkpoint and serves it under its id; a store folder's URI is fetched the same way
+    from assets.cli import parse_args, served_checkpoint
+
+    for key in ("AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.setenv(key, opts[key])
+    monkeypatch.setenv("COWORK_HOME", str(tmp_path / "server"))
+    rl = next(r for r in rows if r["kind"] == "rl")
+    for ref, row in (("sft", next(r for r in rows if r["kind"] == "sft")), (rl["path"], rl)):
+        path, name = served_checkpoint(parse_args(["serve", ref, "--lake", lake.root]))
+        assert (path, name) == (str(tmp_path / "server" / "models" / "models" / row["checkpoint_id"]), row["checkpoint_id"])
+        assert (Path(path) / "config.json").is_file()
 
     # the vacuum (here judged two hours on, past a one-hour retention) deletes from the store the weights nothing reads
     store = store_folders(f"s3://{BUCKET}/two-machines/models", opts)

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -229,14 +230,25 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
     )
 
 
-def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, **agent_kwargs: Any) -> None:
-    """Load ``checkpoint`` into an ``HFAgent`` and serve it (blocking)."""
+def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
+          announce: Callable[[str], None] | None = None, **agent_kwargs: Any) -> None:
+    """Load ``checkpoint`` into an ``HFAgent`` and serve it as ``model_name`` (blocking). ``port`` 0 takes a free
+    one; ``announce`` gets the base URL once the port is bound and the model loaded."""
+    import socket
+
     import uvicorn
 
     from cowork_pipeline.agents.hf_agent import HFAgent
 
     agent = HFAgent(checkpoint, **agent_kwargs)
-    uvicorn.run(make_app(agent), host=host, port=port, log_level="warning")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))  # (an address in use fails here, before anything is announced)
+    server = uvicorn.Server(uvicorn.Config(make_app(agent, model_name), log_level="warning"))
+    if announce is not None:
+        shown = f"[{host}]" if ":" in host else host
+        announce(f"http://{shown}:{sock.getsockname()[1]}/v1")
+    server.run(sockets=[sock])
 
 
 __all__ = ["make_app", "serve", "BadRequest"]

@@ -79,6 +79,31 @@ def current_checkpoints(rows: list[dict[str, Any]], trained: Callable[[str], flo
     return out + sorted(rl, key=lambda r: str(r["checkpoint_id"]))
 
 
+
+class UnknownCheckpoint(LookupError):
+    """A name that is no registered checkpoint (or stands for several)."""
+
+
+def find_checkpoint(rows: list[dict[str, Any]], ref: str, trained: Callable[[str], float] = trained_at) -> dict[str, Any]:
+    """The registry row ``ref`` names: a checkpoint id, or the current checkpoint of a kind (what the benchmark
+    scores): ``base``, ``sft``, ``rl`` (when one RL configuration was trained) or ``rl:<configuration>``."""
+    for r in rows:
+        if str(r.get("checkpoint_id")) == ref:
+            return r
+    current = current_checkpoints(rows, trained)
+    kind, _, config = ref.partition(":")
+    if kind in ("base", "sft", "rl") and (not config or kind == "rl"):
+        mine = [r for r in current if r.get("kind") == kind and (not config or str(r["checkpoint_id"]).startswith(f"rl-{config}-"))]
+        if len(mine) == 1:
+            return mine[0]
+        if mine:
+            raise UnknownCheckpoint(f"{len(mine)} current {kind} checkpoints; name one: "
+                                    + ", ".join(f"rl:{str(r['checkpoint_id']).split('-')[1]}" for r in mine))
+        raise UnknownCheckpoint(f"no current {ref} checkpoint is registered"
+                                + (f"; current: {', '.join(str(r['checkpoint_id']) for r in current)}" if current else ""))
+    listed = ", ".join(str(r["checkpoint_id"]) for r in current) or "none"
+    raise UnknownCheckpoint(f"no checkpoint {ref!r} is registered ({len(rows)} in the registry; current: {listed})")
+
 # ------------------------------------------------------------------ retention
 # Weights are the lake's largest files (a merged 8B checkpoint is ~16 GB) and every retrain on new demonstrations
 # registers new ones beside the old: without retention a lake regenerated nightly grows by its checkpoints each night.
