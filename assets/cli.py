@@ -214,24 +214,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env, cwd=str(Path(__file__).parent.parent))
 
 
-def _existing_lake(args: argparse.Namespace, cmd: str) -> str | None:
-    """The lake root the command reads (``--lake``, else the default), or None (and why, on stderr) when there is none."""
-    from assets.lineage_cli import default_lake
-
-    root = default_lake(args)
-    if "://" not in root and not Path(root).is_dir():
-        print(f"cowork {cmd}: no lake at {root} (run `cowork run` first, or pass --lake PATH)", file=sys.stderr)
-        return None
-    return root
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     import json
 
+    from assets.lineage_cli import existing_lake
     from cowork_pipeline.describe import checker_source, describe, find_environment
     from cowork_pipeline.lake import Lake
 
-    root = _existing_lake(args, "show")
+    root = existing_lake(args, "show")
     if root is None:
         return 2
     try:
@@ -251,10 +241,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
+    from assets.lineage_cli import existing_lake
     from assets.maintenance import vacuum
     from cowork_pipeline.lake import Lake, LakeError
 
-    root = _existing_lake(args, "vacuum")
+    root = existing_lake(args, "vacuum")
     if root is None:
         return 2
     try:
@@ -271,8 +262,8 @@ def served_checkpoint(args: argparse.Namespace) -> tuple[str, str | None]:
     folder's URI (fetched into the home), or a checkpoint the lake registers (by id, or ``base``/``sft``/``rl[:config]``
     for the current one), served under its id and fetched first when the lake keeps it in an object store."""
     from assets.models import local_model, model_dir
-    from cowork_pipeline.lake import Lake
-    from cowork_pipeline.training.model_store import fetch, is_remote
+    from cowork_pipeline.lake import Lake, is_remote
+    from cowork_pipeline.training.model_store import fetch
 
     ref = args.checkpoint
     if is_remote(ref):
@@ -285,7 +276,7 @@ def served_checkpoint(args: argparse.Namespace) -> tuple[str, str | None]:
     from cowork_pipeline.training.registry import UnknownCheckpoint, find_checkpoint
 
     root = default_lake(args)
-    if not is_remote(root) and not Path(root).is_dir():
+    if not is_remote(root) and not Path(root).is_dir():  # (not existing_lake: this message says what was asked)
         raise UnknownCheckpoint(f"{ref!r} is no folder here, and there is no lake at {root} to look it up in "
                                 "(run `cowork run` first, or pass --lake PATH)")
     lake = Lake(root)

@@ -7,7 +7,7 @@ from dagster import AssetExecutionContext
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from assets.models import envs_by_split, local_model, model_dir, model_files, model_trained_at
 from cowork_pipeline.evaluation import Contestant, Scoring, comparison_table, markdown_table, rebase, report, score_contestants
-from cowork_pipeline.lake import ANY_PUBLISHED, NotPromoted, PublishConflict
+from cowork_pipeline.lake import ANY_PUBLISHED, Lake, NotPromoted, PublishConflict, is_remote
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.training.registry import checkpoint_key, current_checkpoints
 from resources import AgentsResource, ComputeResource, LakeResource, ProfileResource
@@ -104,18 +104,29 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
     # on the version that was read, or read and merge again
     result, mat, check, text = lk.until_published("benchmark_scores", publish)
     table = comparison_table(result.trials)
-    report_path = None
-    if "://" not in lk.root:
-        report_path = model_dir(lk, "..", "reports", f"benchmark_{context.run.run_id[:8]}.md").resolve()
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(text)
+    report_path = write_report(lk, f"benchmark_{context.run.run_id[:8]}.md", text)
     mat.metadata.update({"comparison": dg.MetadataValue.md(markdown_table(table)), "report": dg.MetadataValue.md(text),
-                         "report_path": str(report_path) if report_path else "",
+                         "report_path": report_path,
                          "plot": _plot(table), "heldout_environments": len(envs), "benchmark_key": result.benchmark_key,
                          "scored": result.scored, "kept": dg.MetadataValue.json(result.kept),
                          "endpoints": [{"agent": a.name, "model": a.model, "base_url": a.client.base_url, **a.usage} for _, a in endpoints]})
     yield mat
     yield check
+
+
+def write_report(lake: Lake, name: str, text: str) -> str:
+    """Write a report beside the lake, ``<lake>/reports/<name>`` (an object in the store for an object-store lake,
+    which another pod reads as well as this one); returns where."""
+    from cowork_pipeline.training.model_store import write_file
+
+    if is_remote(lake.root):
+        uri = f"{lake.root.rstrip('/')}/reports/{name}"
+        write_file(uri, text.encode(), lake.storage_options)
+        return uri
+    path = model_dir(lake, "..", "reports", name).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
 
 
 def _plot(table: pl.DataFrame):

@@ -28,13 +28,23 @@ def default_lake(args: argparse.Namespace) -> str:
     return str(home / "lake")
 
 
+def existing_lake(args: argparse.Namespace, cmd: str) -> str | None:
+    """The lake root the command reads (``--lake``, else the default), or None (and why, on stderr) when there is none."""
+    from cowork_pipeline.lake import is_remote
+
+    root = default_lake(args)
+    if not is_remote(root) and not Path(root).is_dir():
+        print(f"cowork {cmd}: no lake at {root} (run `cowork run` first, or pass --lake PATH)", file=sys.stderr)
+        return None
+    return root
+
+
 def cmd_lineage(args: argparse.Namespace) -> int:
     from cowork_pipeline.lake import Lake
     from cowork_pipeline.lineage import LineageError, trace, trace_json
 
-    root = default_lake(args)
-    if "://" not in root and not Path(root).is_dir():
-        print(f"cowork lineage: no lake at {root} (run `cowork run` first, or pass --lake PATH)", file=sys.stderr)
+    root = existing_lake(args, "lineage")
+    if root is None:
         return EXIT_UNKNOWN
     lake = Lake(root)
     try:

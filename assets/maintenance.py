@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from assets.models import model_dir
-from cowork_pipeline.lake import Lake, Vacuumed
+from cowork_pipeline.lake import Lake, Vacuumed, is_remote
 from cowork_pipeline.training.model_store import store_folders
 from cowork_pipeline.training.registry import StaleFiles, delete_stale, stale_in_lake
 from resources import LakeResource
@@ -47,11 +47,11 @@ def vacuum(lake: Lake, retain_hours: int, dry_run: bool = False) -> LakeVacuum:
         raise ValueError(f"retain_hours must be at least 1 (a run writing meanwhile needs its files), got {retain_hours}")
     retained = lake.retained_versions()
     # folders first: what they keep is decided from versions that the table vacuum keeps readable anyway
-    folders = stale_in_lake(lake, model_dir(lake), None if "://" in lake.root else model_dir(lake, "..", "datasets"),
+    folders = stale_in_lake(lake, model_dir(lake), None if is_remote(lake.root) else model_dir(lake, "..", "datasets"),
                             retain_hours, retained)
-    if "://" in lake.root:  # an object-store lake: the store's model folders, and this machine's copies (above)
-        store = store_folders(f"{lake.root.rstrip('/')}/models", lake.storage_options)
-        folders += stale_in_lake(lake, store, None, retain_hours, retained)
+    if is_remote(lake.root):  # an object-store lake: the store's folders, and this machine's copies of models (above)
+        store, exports = (store_folders(f"{lake.root.rstrip('/')}/{kind}", lake.storage_options) for kind in ("models", "datasets"))
+        folders += stale_in_lake(lake, store, exports, retain_hours, retained)
     if not dry_run:
         delete_stale(folders, lake.storage_options)
     return LakeVacuum(lake.vacuum(retain_hours, dry_run=dry_run, retained=retained), folders, retain_hours, dry_run)

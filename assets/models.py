@@ -9,7 +9,7 @@ from dagster import AssetExecutionContext
 
 from assets._io import GATED, check_spec, lineage, plot_md, write_checked
 from cowork_pipeline.demonstrations import collect_teacher_trajectories, contamination_audit, curate, sft_records
-from cowork_pipeline.lake import Lake
+from cowork_pipeline.lake import Lake, is_remote
 from cowork_pipeline.quality import Expect
 from cowork_pipeline.spec import EnvironmentSpec
 from resources import AgentsResource, ComputeResource, LakeResource, ProfileResource
@@ -22,19 +22,20 @@ CHECKPOINT_SCHEMA = {"checkpoint_id": pl.String, "kind": pl.String, "path": pl.S
 def model_dir(lake: Lake, *parts: str) -> Path:
     """Model files live under the lake root when it is a folder; object-store lakes train into, and fetch their
     store's model folders into, COWORK_HOME."""
-    root = Path(lake.root) if "://" not in lake.root else Path(os.environ.get("COWORK_HOME", ".cowork")).absolute() / "models"
+    root = Path(lake.root) if not is_remote(lake.root) else Path(os.environ.get("COWORK_HOME", ".cowork")).absolute() / "models"
     return root.joinpath("models", *parts)
 
 
-def publish_model(lake: Lake, local: Path, checkpoint_id: str) -> str:
+def publish_model(lake: Lake, local: Path, checkpoint_id: str, folder: str = "models") -> str:
     """The path a checkpoint is registered under: its folder for a folder lake; for an object-store lake its copy in
-    the store, ``<lake>/models/<checkpoint id>``, so that a step on another machine (a pod per step) can load it."""
-    from cowork_pipeline.training.model_store import is_remote, upload
+    the store, ``<lake>/models/<checkpoint id>``, so that a step on another machine (a pod per step) can load it.
+    (``folder="datasets"``: a dataset export, the same way.)"""
+    from cowork_pipeline.training.model_store import upload
 
     if not is_remote(lake.root):
         return str(local)
 
-    uri = f"{lake.root.rstrip('/')}/models/{checkpoint_id}"
+    uri = f"{lake.root.rstrip('/')}/{folder}/{checkpoint_id}"
     upload(local, uri, lake.storage_options)
     return uri
 
@@ -42,7 +43,7 @@ def publish_model(lake: Lake, local: Path, checkpoint_id: str) -> str:
 def local_model(lake: Lake, path: str) -> str:
     """A registered checkpoint's folder on this machine: a store folder is fetched into ``model_dir`` (once per
     upload: the machine that trained it, or fetched it before, has it already)."""
-    from cowork_pipeline.training.model_store import fetch, is_remote
+    from cowork_pipeline.training.model_store import fetch
 
     if not is_remote(path):
         return path
@@ -51,7 +52,7 @@ def local_model(lake: Lake, path: str) -> str:
 
 def model_trained_at(lake: Lake):
     """``trained_at`` for the registry's paths, store folders included (their upload time)."""
-    from cowork_pipeline.training.model_store import is_remote, written_at
+    from cowork_pipeline.training.model_store import written_at
     from cowork_pipeline.training.registry import trained_at
 
     return lambda path: written_at(path, lake.storage_options) if is_remote(path) else trained_at(path)
@@ -59,7 +60,7 @@ def model_trained_at(lake: Lake):
 
 def model_files(lake: Lake, path: str) -> list[tuple[str, int, str]] | None:
     """What ``checkpoint_key`` keys a store folder by: its manifest's files (None for a folder on this machine)."""
-    from cowork_pipeline.training.model_store import is_remote, remote_manifest
+    from cowork_pipeline.training.model_store import remote_manifest
 
     if not is_remote(path):
         return None
@@ -135,14 +136,28 @@ def demonstrations(context: AssetExecutionContext, lake: LakeResource, profile: 
                                              "no held-out capability lineage")])
     mat.metadata.update({f"dropped_{k}": v for k, v in dropped.items()})
     mat.metadata["multi_turn"] = int(demos["multi_turn"].sum()) if len(demos) else 0
-    if mat.metadata["promoted"] and "://" not in lk.root:
-        from cowork_pipeline.training.sft import to_sft_dataset
-
-        out = model_dir(lk, "..", "datasets", f"demonstrations_v{mat.metadata['delta_version']}")
-        to_sft_dataset(sft_records(demos)).save_to_disk(str(out))
-        mat.metadata["hf_dataset"] = str(out.resolve())
+    if mat.metadata["promoted"]:
+        mat.metadata["hf_dataset"] = export_dataset(lk, demos, f"demonstrations_v{mat.metadata['delta_version']}")
     yield mat
     yield check
+
+
+def export_dataset(lake: Lake, demos: pl.DataFrame, name: str) -> str:
+    """Save the SFT records of ``demos`` as a Hugging Face dataset (``datasets.load_from_disk``) beside the lake:
+    ``<lake>/datasets/<name>``, a folder in the store for an object-store lake (with a manifest, like a checkpoint;
+    ``model_store.fetch`` downloads and checks it). Returns where it is."""
+    import tempfile
+
+    from cowork_pipeline.training.sft import to_sft_dataset
+
+    dataset = to_sft_dataset(sft_records(demos))
+    if not is_remote(lake.root):
+        out = model_dir(lake, "..", "datasets", name).resolve()
+        dataset.save_to_disk(str(out))
+        return str(out)
+    with tempfile.TemporaryDirectory(prefix="cowork-export-") as tmp:
+        dataset.save_to_disk(tmp)
+        return publish_model(lake, Path(tmp), name, folder="datasets")
 
 
 def _loss_plot(curve: list[dict], title: str):

@@ -55,6 +55,11 @@ T = TypeVar("T")
 
 # Table names become path segments (and SQL string literals in _promotions
 # queries), so keep them to a safe alphabet; "/" allows namespaces like "eval/runs".
+def is_remote(root: str) -> bool:
+    """Whether ``root`` is a URI (an object store: s3://, gs://, az://...), not a path on this machine."""
+    return "://" in root
+
+
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*$")
 # Commit races surface as CommitFailedError, but a few (e.g. two writers
 # creating the same table) can arrive as a plain DeltaError; match those by text.
@@ -151,7 +156,7 @@ class Lake:
         root = os.fspath(root)
         if not root:
             raise ValueError("Lake root must not be empty")
-        self._is_remote = "://" in root
+        self._is_remote = is_remote(root)
         self.root = root.rstrip("/") if self._is_remote else os.path.abspath(root)
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
         if commit_timeout_s <= 0:

@@ -55,7 +55,7 @@ from typing import Any, Iterator
 
 import polars as pl
 
-from cowork_pipeline.lake import PROMOTIONS_TABLE, Lake, LakeError, Published
+from cowork_pipeline.lake import PROMOTIONS_TABLE, Lake, LakeError, Published, is_remote
 from cowork_pipeline.spec import capability_of
 
 __all__ = ["ID_FORMS", "LineageError", "LineageNode", "score_id", "trace", "trace_json", "transcript_summary"]
@@ -463,7 +463,7 @@ class _Tracer:
         config = _loads(r.get("config_json"), {})
         n.attrs = {"kind": r.get("kind"), "path": r.get("path"), "base_model": r.get("base_model"),
                    "base_checkpoint_id": r.get("base_checkpoint_id"), "device": r.get("device"), "data_versions": data_versions}
-        if r.get("path") and "://" not in str(r["path"]):  # `cowork vacuum` deletes superseded weights; the row stays
+        if r.get("path") and not is_remote(str(r["path"])):  # `cowork vacuum` deletes superseded weights; the row stays
             n.attrs["weights_on_disk"] = Path(str(r["path"])).exists()
         elif r.get("path"):
             from cowork_pipeline.training.model_store import ModelStoreError, remote_manifest

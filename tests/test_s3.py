@@ -89,11 +89,14 @@ def s3_endpoint(tmp_path_factory):
         env.undo()
 
 
+def _s3(endpoint: str, opts: dict):
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=opts["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=opts["AWS_SECRET_ACCESS_KEY"], region_name=opts["AWS_REGION"])
+
+
 def _keys(endpoint: str, opts: dict, prefix: str) -> list[str]:
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=opts["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=opts["AWS_SECRET_ACCESS_KEY"], region_name=opts["AWS_REGION"])
     keys: list[str] = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+    for page in _s3(endpoint, opts).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
         keys += [o["Key"] for o in page.get("Contents", [])]
     return keys
 
@@ -258,7 +261,7 @@ def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_
     from assets.definitions import ALL_ASSETS, resources
     from assets.run import ensure_home, run_all
     from assets.models import CHECKPOINT_SCHEMA
-    from cowork_pipeline.training.model_store import store_folders, upload
+    from cowork_pipeline.training.model_store import fetch, store_folders, upload
     from cowork_pipeline.training.registry import delete_stale, stale_in_lake
     from resources import SMOKE_PROFILE, AgentsResource, LakeResource, ProfileResource
 
@@ -276,9 +279,10 @@ def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_
         "checkpoints", pl.DataFrame([{"checkpoint_id": "sft-old", "kind": "sft", "path": f"s3://{BUCKET}/two-machines/models/sft-old"}],
                                     schema=CHECKPOINT_SCHEMA), lineage=Lineage.local("checkpoints"), key=["checkpoint_id"])
     lake_res.lake().promote("checkpoints", registered, run_id="earlier-night", checks={})
+    upload(old, f"s3://{BUCKET}/two-machines/datasets/demonstrations_v99", opts)  # an export of a version not retained
     lines: list[str] = []
-    run_all(profile, lake_res, ensure_home(tmp_path / "trainer" / "dagster_home"), log=lines.append,
-            capabilities=["invoice_reconcile", "weekly_task_digest"])
+    instance = ensure_home(tmp_path / "trainer" / "dagster_home")
+    run_all(profile, lake_res, instance, log=lines.append, capabilities=["invoice_reconcile", "weekly_task_digest"])
     assert all("FAILED" not in line for line in lines), "\n".join(lines)
     lake = lake_res.lake()
     rows = lake.read_promoted("checkpoints")[0].to_dicts() + lake.read_promoted("rl_checkpoints")[0].to_dicts()
@@ -289,6 +293,18 @@ def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_
         assert r["path"] == f"s3://{BUCKET}/two-machines/models/{r['checkpoint_id']}"
         assert f"two-machines/models/{r['checkpoint_id']}/_cowork_manifest.json" in keys
     first, _ = lake.read_promoted("benchmark_scores")
+    # the demonstrations' Hugging Face dataset and the benchmark's report are in the store too, for any pod to read
+    import datasets
+
+    demos, v_demos = lake.read_promoted("demonstrations")
+    meta = {k: instance.get_latest_materialization_event(dg.AssetKey(k)).asset_materialization.metadata
+            for k in ("demonstrations", "benchmark_scores")}
+    export = meta["demonstrations"]["hf_dataset"].value
+    assert export == f"s3://{BUCKET}/two-machines/datasets/demonstrations_v{v_demos}"
+    assert len(datasets.load_from_disk(str(fetch(export, tmp_path / "export", opts)))) == demos.height > 0
+    report = meta["benchmark_scores"]["report_path"].value
+    assert report.startswith(f"s3://{BUCKET}/two-machines/reports/benchmark_") and report.endswith(".md")
+    assert _s3(endpoint, opts).get_object(Bucket=BUCKET, Key=report.split(f"{BUCKET}/", 1)[1])["Body"].read() == meta["benchmark_scores"]["report"].value.encode()
 
     shutil.rmtree(tmp_path / "trainer" / "models")  # the training pod is gone, and its disk with it
     monkeypatch.setenv("COWORK_HOME", str(tmp_path / "scorer"))  # another machine
@@ -323,9 +339,14 @@ def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_
     # the vacuum (here judged two hours on, past a one-hour retention) deletes from the store the weights nothing reads
     store = store_folders(f"s3://{BUCKET}/two-machines/models", opts)
     assert {f.name for f in store} == {"sft-old", "my-own-model", *(r["checkpoint_id"] for r in rows)}
-    stale = stale_in_lake(lake, store, None, retain_hours=1, now=time.time() + 2 * 3600)
-    assert [(f.name, f.path) for f in stale] == [("sft-old", f"s3://{BUCKET}/two-machines/models/sft-old")]
-    assert stale_in_lake(lake, store, None, retain_hours=1) == []  # younger than the retention: kept
+    exports = store_folders(f"s3://{BUCKET}/two-machines/datasets", opts)
+    assert {f.name for f in exports} == {"demonstrations_v99", f"demonstrations_v{v_demos}"}
+    stale = stale_in_lake(lake, store, exports, retain_hours=1, now=time.time() + 2 * 3600)
+    assert [(f.kind, f.name, f.path) for f in stale] == [
+        ("checkpoint", "sft-old", f"s3://{BUCKET}/two-machines/models/sft-old"),
+        ("export", "demonstrations_v99", f"s3://{BUCKET}/two-machines/datasets/demonstrations_v99")]
+    assert stale_in_lake(lake, store, exports, retain_hours=1) == []  # younger than the retention: kept
     delete_stale(stale, opts)
     delete_stale(stale, opts)  # a second vacuum racing the first finds it gone: no error
     assert {f.name for f in store_folders(f"s3://{BUCKET}/two-machines/models", opts)} == {f.name for f in store} - {"sft-old"}
+    assert [f.name for f in store_folders(f"s3://{BUCKET}/two-machines/datasets", opts)] == [f"demonstrations_v{v_demos}"]

@@ -29,10 +29,6 @@ class ModelStoreError(RuntimeError):
     """A model folder in the object store is missing, incomplete or does not match its manifest."""
 
 
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
 def _option(options: Mapping[str, str], *names: str) -> str | None:
     """The first of ``names`` the storage options set (any case), else the first AWS_* variable among them."""
     lower = {k.lower(): v for k, v in options.items()}
@@ -104,6 +100,17 @@ def upload(local: Path, uri: str, storage_options: Mapping[str, str] | None = No
         raise ModelStoreError(f"could not upload {local} to {uri}: {e}") from e
     (local / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))  # this machine holds this upload: no fetch
     return manifest
+
+
+def write_file(uri: str, data: bytes, storage_options: Mapping[str, str] | None = None) -> None:
+    """Write one object (a report) whole: an object store's put replaces it in one step."""
+    fs, path = filesystem(uri, storage_options)
+    try:
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+    except OSError as e:
+        raise ModelStoreError(f"could not write {uri}: {e}") from e
 
 
 def remote_manifest(uri: str, storage_options: Mapping[str, str] | None = None) -> dict | None:

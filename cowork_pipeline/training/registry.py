@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cowork_pipeline.lake import is_remote
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
@@ -154,27 +156,36 @@ _EXPORT = re.compile(r"^(?P<table>[A-Za-z0-9_]+)_v(?P<version>\d+)$")
 
 
 def stale_model_files(models_root: Path | list[ModelFolder] | None, registered: list[dict[str, Any]], in_use: set[str],
-                      exports_root: Path | None, retained_versions: dict[str, set[int]], written_before: float) -> list[StaleFiles]:
+                      exports_root: Path | list[ModelFolder] | None, retained_versions: dict[str, set[int]],
+                      written_before: float) -> list[StaleFiles]:
     """What :func:`delete_stale` may delete: the folders under ``models_root`` (or those listed: the store's) named
-    after a registered checkpoint not ``in_use``, and the folders ``<table>_v<N>`` under ``exports_root`` whose table
-    version is not retained, when their newest file was written before ``written_before`` (epoch seconds; younger
-    ones may belong to a run still writing). A folder no registry row names (a user's own, a training that failed its checks before registering)
-    and an export of a table the lake does not know are left alone."""
+    after a registered checkpoint not ``in_use``, and the folders ``<table>_v<N>`` under ``exports_root`` (or listed)
+    whose table version is not retained, when their newest file was written before ``written_before`` (epoch
+    seconds; younger ones may belong to a run still writing). A folder no registry row names (a user's own, a
+    training that failed its checks before registering) and an export of a table the lake does not know are left
+    alone."""
     out: list[StaleFiles] = []
     ids = {str(r["checkpoint_id"]) for r in registered}
-    folders = models_root if isinstance(models_root, list) else local_folders(models_root)
-    for f in folders:
+
+    def where(f: ModelFolder) -> Path | str:
+        return f.path if is_remote(f.path) else Path(f.path)
+
+    for f in _listed(models_root):
         if f.name in ids and f.name not in in_use and f.written < written_before:
-            out.append(StaleFiles("checkpoint", f.name, Path(f.path) if "://" not in f.path else f.path, f.bytes))
-    for d in _folders(exports_root):
-        m = _EXPORT.match(d.name)
+            out.append(StaleFiles("checkpoint", f.name, where(f), f.bytes))
+    for f in _listed(exports_root):
+        m = _EXPORT.match(f.name)
         if m and m["table"] in retained_versions and int(m["version"]) not in retained_versions[m["table"]] \
-                and trained_at(str(d)) < written_before:
-            out.append(StaleFiles("export", d.name, d, _size(d)))
+                and f.written < written_before:
+            out.append(StaleFiles("export", f.name, where(f), f.bytes))
     return out
 
 
-def stale_in_lake(lake: Lake, models_root: Path | list[ModelFolder], exports_root: Path | None, retain_hours: float,
+def _listed(root: Path | list[ModelFolder] | None) -> list[ModelFolder]:
+    return root if isinstance(root, list) else local_folders(root)
+
+
+def stale_in_lake(lake: Lake, models_root: Path | list[ModelFolder], exports_root: Path | list[ModelFolder] | None, retain_hours: float,
                   retained_versions: dict[str, set[int]] | None = None, now: float | None = None) -> list[StaleFiles]:
     """:func:`stale_model_files` for a lake: the registered checkpoints are the rows of its checkpoint tables; in use
     are the current ones among the promoted rows, those the last write of a checkpoint table registered, and those
@@ -210,7 +221,7 @@ def stale_in_lake(lake: Lake, models_root: Path | list[ModelFolder], exports_roo
             if "checkpoint_id" in lake.columns(table, v):
                 named |= {str(c) for c in lake.read(table, version=v, columns=["checkpoint_id"])["checkpoint_id"].unique() if c}
     # judge "trained last" by the folders this vacuum would delete (a lake copied or moved keeps its rows' old paths)
-    folders = models_root if isinstance(models_root, list) else local_folders(models_root)
+    folders = _listed(models_root)
     by_name = {f.name: f for f in folders}
     promoted = [{**r, "path": by_name[str(r["checkpoint_id"])].path} if str(r["checkpoint_id"]) in by_name else r for r in promoted]
     written = {f.path: f.written for f in folders}
@@ -226,7 +237,7 @@ def delete_stale(files: list[StaleFiles], storage_options: dict[str, str] | None
     from cowork_pipeline.training.model_store import delete_folder
 
     for f in files:
-        if isinstance(f.path, str) and "://" in f.path:
+        if isinstance(f.path, str) and is_remote(f.path):
             delete_folder(f.path, storage_options)
             continue
         try:
