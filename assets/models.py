@@ -197,7 +197,15 @@ def sft_checkpoint(context: AssetExecutionContext, lake: LakeResource, profile: 
     registry: list[dict] = []
     seed_tag = f"-seed{profile.student_seed}" if profile.student_seed else ""  # another seed's student goes beside, not over
     if profile.base_checkpoint:
-        base, base_id, base_model = Path(profile.base_checkpoint), f"external:{Path(profile.base_checkpoint).name}", profile.base_checkpoint
+        name = profile.base_checkpoint.rstrip("/").rsplit("/", 1)[-1]
+        base, base_id, base_model = Path(profile.base_checkpoint), f"external:{name}", profile.base_checkpoint
+        if is_remote(profile.base_checkpoint):  # a checkpoint in an object store: this machine trains from a copy
+            from cowork_pipeline.training.model_store import ModelStoreError, fetch
+
+            try:
+                base = fetch(profile.base_checkpoint, model_dir(lk, "..", "external", name), lk.storage_options, uploaded=False)
+            except ModelStoreError as e:
+                raise dg.Failure(f"base_checkpoint: {e}") from e
     else:
         cfg = StudentConfig(vocab_size=profile.student_vocab, hidden_size=profile.student_hidden, num_layers=profile.student_layers,
                             intermediate_size=profile.student_hidden * 3, pointer_dim=profile.student_pointer_dim, seed=profile.student_seed)

@@ -266,7 +266,7 @@ class ProfileResource(dg.ConfigurableResource):
     student_vocab: int = 2048
     # Pointer-sentinel copy head of the embedded student (training/pointer.py); 0 = a plain Qwen3.
     student_pointer_dim: int = 64
-    base_checkpoint: str = ""  # a local checkpoint directory to fine-tune instead of the embedded student
+    base_checkpoint: str = ""  # a checkpoint folder (or its object-store URI) to fine-tune instead of the embedded student
     rl_configs: str = "binary_traj,partial_group,partial_turn"  # comma-separated RL configurations to train
     # 2 steps on 4 environments: the stronger SFT student's rollouts are longer (3 steps on 8 environments took
     # 265 s and the run 21.1 min; 2 on 6, 165 s and 20.1 min), and the default run stays near 20 min of work (about 24 min with 21 capabilities and 1,300 SFT steps).

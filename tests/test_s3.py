@@ -203,11 +203,6 @@ def test_assets_materialize_into_s3_lake(s3_endpoint):
         assert any(k.startswith(f"cowork/{table}/_delta_log/") for k in keys), table
 
 
-def _s3(endpoint: str, opts: dict):
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=opts["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=opts["AWS_SECRET_ACCESS_KEY"], region_name=opts["AWS_REGION"])
-
-
 def test_model_folders_round_trip_through_the_store(s3_endpoint, tmp_path):
     """A model folder uploaded to the store comes back byte for byte on another machine; fetched once per upload;
     a folder whose upload did not finish, or whose files do not match its manifest, is an error that leaves the
@@ -261,7 +256,7 @@ def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_
     from assets.definitions import ALL_ASSETS, resources
     from assets.run import ensure_home, run_all
     from assets.models import CHECKPOINT_SCHEMA
-    from cowork_pipeline.training.model_store import fetch, store_folders, upload
+    from cowork_pipeline.training.model_store import ModelStoreError, fetch, store_folders, upload
     from cowork_pipeline.training.registry import delete_stale, stale_in_lake
     from resources import SMOKE_PROFILE, AgentsResource, LakeResource, ProfileResource
 
@@ -335,6 +330,28 @@ def test_a_student_trained_on_one_machine_is_scored_on_another(s3_endpoint, tmp_
         path, name = served_checkpoint(parse_args(["serve", ref, "--lake", lake.root]))
         assert (path, name) == (str(tmp_path / "server" / "models" / "models" / row["checkpoint_id"]), row["checkpoint_id"])
         assert (Path(path) / "config.json").is_file()
+
+    # a base checkpoint a user copied into the store with any S3 tool (no manifest) is fine-tuned from a copy there
+    s3 = _s3(endpoint, opts)
+    base = next(r for r in rows if r["kind"] == "base")
+    mine = fetch(base["path"], tmp_path / "user-base", opts)
+    for f in sorted(p for p in mine.rglob("*") if p.is_file() and p.name != "_cowork_manifest.json"):
+        s3.put_object(Bucket=BUCKET, Key=f"user-models/tiny/{f.relative_to(mine).as_posix()}", Body=f.read_bytes())
+    external = f"s3://{BUCKET}/user-models/tiny"
+    res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey("sft_checkpoint"), dg.AssetKey("checkpoints")],
+                         instance=dg.DagsterInstance.ephemeral(),
+                         resources=resources(ProfileResource(**SMOKE_PROFILE, base_checkpoint=external), lake_res))
+    assert res.success
+    tuned = next(r for r in lake.read_promoted("checkpoints")[0].to_dicts() if r["base_checkpoint_id"] == "external:tiny")
+    assert tuned["base_model"] == external and tuned["path"] == f"s3://{BUCKET}/two-machines/models/{tuned['checkpoint_id']}"
+    copy = tmp_path / "server" / "models" / "external" / "tiny"
+    assert (copy / "config.json").read_bytes() == (mine / "config.json").read_bytes()
+    # a file replaced in the store is downloaded again (the listing changed); an empty place is an error naming it
+    s3.put_object(Bucket=BUCKET, Key="user-models/tiny/notes.txt", Body=b"v2")
+    assert (fetch(external, copy, opts, uploaded=False) / "notes.txt").read_bytes() == b"v2"
+    with pytest.raises(ModelStoreError, match="no model at"):
+        fetch(f"s3://{BUCKET}/user-models/nothing-here", tmp_path / "nothing", opts, uploaded=False)
+    rows += [tuned]
 
     # the vacuum (here judged two hours on, past a one-hour retention) deletes from the store the weights nothing reads
     store = store_folders(f"s3://{BUCKET}/two-machines/models", opts)
