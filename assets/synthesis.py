@@ -12,7 +12,7 @@ from assets.order import SYNTHESIS
 from cowork_pipeline.capabilities import CATALOG_DIR, load_catalog, parse_capability
 from cowork_pipeline.describe import describe, record_of
 from cowork_pipeline.quality import Expect
-from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
+from cowork_pipeline.splits import SPLITS, assign_splits, disjointness, repeated_tasks
 from cowork_pipeline.synthesis.tables import run_synthesis
 from cowork_pipeline.validation.certify import Validator
 from resources import GeneratorResource, LakeResource, ProfileResource
@@ -126,10 +126,12 @@ def _repair_plot(cap_id: str, tel: dict) -> dg.MetadataValue:
 
 
 @dg.asset(group_name="synthesis", code_version="1", deps=["validated_environments", "capability_specs"],
-          check_specs=[check_spec("environment_splits", "unique ids, known splits, held-out capabilities disjoint from training")],
+          check_specs=[check_spec("environment_splits", "unique ids, known splits, held-out capabilities disjoint from training, "
+                                                        "no held-out environment posing a training environment's task")],
           automation_condition=GATED)
 def environment_splits(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
-    """Train / held-out environments / held-out capabilities, disjoint by capability lineage."""
+    """Train / held-out environments / held-out capabilities, disjoint by capability lineage; environments that pose
+    the same task (the same turns, reference calls and answers in another world) share a split."""
     lk = lake.lake()
     envs, v_env = lk.read_promoted("validated_environments")
     specs, v_spec = lk.read_promoted("capability_specs")
@@ -137,14 +139,21 @@ def environment_splits(context: AssetExecutionContext, lake: LakeResource, profi
     envs = envs.filter(pl.col("capability_id").is_in(list(caps)))
     df = assign_splits(envs, caps, profile.heldout_env_fraction, profile.split_seed)
     leaks = disjointness(df).filter(pl.col("leak"))["capability_id"].to_list()
-    audit = df.with_columns(capability_leak=pl.col("capability_id").is_in(leaks))
+    tasks = repeated_tasks(envs, df)
+    audit = df.with_columns(capability_leak=pl.col("capability_id").is_in(leaks)).join(
+        tasks.select("env_id", "seen_in_training"), on="env_id", how="left")
     mat, check = write_checked(context, lk, "environment_splits", df, audit_df=audit,
                                lin=lineage(context, "environment_splits", "1", {"validated_environments": v_env, "capability_specs": v_spec}),
                                suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "env_id"}),
                                       Expect("ExpectColumnValuesToBeInSet", {"column": "split", "value_set": list(SPLITS)}),
                                       Expect("ExpectColumnValuesToBeInSet", {"column": "capability_leak", "value_set": [False]},
-                                             "no held-out capability appears in another split")])
+                                             "no held-out capability appears in another split"),
+                                      Expect("ExpectColumnValuesToBeInSet", {"column": "seen_in_training", "value_set": [False]},
+                                             "no held-out environment poses a task a training environment poses")])
     counts = {s: int((df["split"] == s).sum()) for s in SPLITS}
     mat.metadata.update({f"n_{k}": v for k, v in counts.items()})
+    # environments that pose a task another one poses too (kept together in one split)
+    mat.metadata["n_repeated_task_envs"] = int((tasks["task_envs"] > 1).sum())
+    mat.metadata["n_distinct_tasks"] = int(tasks["task"].n_unique())
     yield mat
     yield check

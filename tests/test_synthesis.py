@@ -28,7 +28,7 @@ from cowork_pipeline.capabilities import Capability, Range, load_catalog
 from cowork_pipeline.runner import Trajectory, run_episode
 from cowork_pipeline.services import REGISTRY
 from cowork_pipeline.spec import EnvironmentSpec, ProgramTurn, Step
-from cowork_pipeline.splits import SPLITS, assign_splits, disjointness
+from cowork_pipeline.splits import SPLITS, assign_splits, disjointness, repeated_tasks, task_fingerprint
 from cowork_pipeline.synthesis.checks import CheckSpec, id_shape, source
 from cowork_pipeline.synthesis.composers._common import dates_given
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
@@ -5835,6 +5835,39 @@ def test_assign_splits_is_stable_when_environments_are_added(env_frame):
     with pytest.raises(KeyError, match="not in the catalog"):
         assign_splits(pl.DataFrame({"env_id": ["x-000001"], "capability_id": ["no_such_capability"]}), CATALOG)
 
+
+
+def test_environments_posing_the_same_task_share_a_split(outcomes, backend):
+    """A world drawn again around the same question and answer is the same task to a student: such environments go
+    to the split of the first of them, so none is held out while a copy is trained on; a copy of a held-out
+    capability's task never reaches training; the audit column the environment_splits check reads flags a split
+    that breaks this."""
+    envs = pl.concat([tables_from(CATALOG[cid], outs, backend).validated for cid, outs in outcomes.items()]).select(
+        "env_id", "capability_id", "spec_json")
+    trained = next(r for r in envs.iter_rows(named=True) if not CATALOG[r["capability_id"]].heldout)
+    held = next(r for r in envs.iter_rows(named=True) if CATALOG[r["capability_id"]].heldout)
+    cap = trained["capability_id"]
+    # 40 later draws pose the first one's task (their own ids would hold some out), one poses a held-out capability's
+    copies = pl.DataFrame({"env_id": [f"{cap}-{900 + i:06d}" for i in range(41)], "capability_id": [cap] * 41,
+                           "spec_json": [trained["spec_json"]] * 40 + [held["spec_json"]]})
+    grown = pl.concat([envs, copies])
+    by_own_id = assign_splits(grown.drop("spec_json"), CATALOG)  # (what the ids alone would give)
+    assert {"train", "heldout_env"} <= set(by_own_id.filter(pl.col("env_id").is_in(copies["env_id"][:40].to_list()))["split"])
+    splits = assign_splits(grown, CATALOG)
+    split = dict(splits.select("env_id", "split").iter_rows())
+    assert {split[e] for e in copies["env_id"][:40]} == {split[trained["env_id"]]}
+    assert split[copies["env_id"][40]] == "heldout_env"  # a held-out capability's task, under a training capability
+    assert all(split[e] == s for e, s in assign_splits(envs, CATALOG).select("env_id", "split").iter_rows())  # the rest stay
+    audit = repeated_tasks(grown, splits)
+    assert not audit["seen_in_training"].any()
+    assert audit.filter(pl.col("env_id") == trained["env_id"])["task_envs"].item() == 41
+    assert task_fingerprint(trained["spec_json"]) != task_fingerprint(held["spec_json"])
+    # a split that holds out one copy while another is trained on is what the check catches
+    other = "heldout_env" if split[trained["env_id"]] == "train" else "train"
+    planted = splits.with_columns(split=pl.when(pl.col("env_id") == copies["env_id"][0]).then(pl.lit(other)).otherwise("split"))
+    flagged = set(repeated_tasks(grown, planted).filter(pl.col("seen_in_training"))["env_id"])
+    group = {trained["env_id"], *copies["env_id"][:40]}
+    assert flagged == ({copies["env_id"][0]} if other == "heldout_env" else group - {copies["env_id"][0]})
 
 def test_disjointness_flags_a_planted_leak(env_frame):
     s = assign_splits(env_frame, CATALOG)
