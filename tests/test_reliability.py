@@ -859,18 +859,22 @@ def _not_a_model(tmp_path: Path) -> dict[str, Path]:
     return {"missing": tmp_path / "nope", "file": tmp_path / "file.bin", "empty": empty, "garbage": garbage}
 
 
-def test_checkpoint_that_is_not_a_model_gives_a_clear_error_naming_the_path(tmp_path):
+def test_checkpoint_that_is_not_a_model_gives_a_clear_error_naming_the_path(tmp_path, capsys):
     from assets.cli import main as cowork
     from cowork_pipeline.agents.hf_agent import HFAgent
     from cowork_pipeline.training.sft import train_sft
 
     for kind, path in _not_a_model(tmp_path).items():
-        entries = [("HFAgent", lambda: HFAgent(path)), ("cowork serve", lambda: cowork(["serve", str(path)])),
+        entries = [("HFAgent", lambda: HFAgent(path)),
                    ("train_sft", lambda: train_sft(path, [{"messages": [], "tools": []}], tmp_path / "out"))]
         for entry, call in entries:
             with pytest.raises(CheckpointError) as err:
                 call()
             assert str(path) in str(err.value), (kind, entry, str(err.value))
+        # the command says it in one line on stderr (exit 1), not as a traceback
+        assert cowork(["serve", str(path)]) == 1, kind
+        err = capsys.readouterr().err
+        assert err.startswith("cowork serve: ") and str(path) in err and err.count("\n") == 1, (kind, err)
     assert not (tmp_path / "out").exists()  # nothing written for a bad base
     FIGURES["bad_input"].add("checkpoint dir that is not a model (HFAgent, train_sft, cowork serve)")
 
