@@ -26,16 +26,16 @@ def model_dir(lake: Lake, *parts: str) -> Path:
     return root.joinpath("models", *parts)
 
 
-def publish_model(lake: Lake, local: Path, checkpoint_id: str, folder: str = "models") -> str:
-    """The path a checkpoint is registered under: its folder for a folder lake; for an object-store lake its copy in
-    the store, ``<lake>/models/<checkpoint id>``, so that a step on another machine (a pod per step) can load it.
-    (``folder="datasets"``: a dataset export, the same way.)"""
+def publish_model(lake: Lake, local: Path, name: str, folder: str = "models") -> str:
+    """The path a checkpoint (``name``: its id) is registered under: its folder for a folder lake; for an object-store
+    lake its copy in the store, ``<lake>/models/<checkpoint id>``, so that a step on another machine (a pod per step)
+    can load it. (``folder="datasets"``: a dataset export, ``<lake>/datasets/<name>``, the same way.)"""
     from cowork_pipeline.training.model_store import upload
 
     if not is_remote(lake.root):
         return str(local)
 
-    uri = f"{lake.root.rstrip('/')}/{folder}/{checkpoint_id}"
+    uri = f"{lake.root.rstrip('/')}/{folder}/{name}"
     upload(local, uri, lake.storage_options)
     return uri
 

@@ -12,7 +12,7 @@ from assets.order import SYNTHESIS
 from cowork_pipeline.capabilities import CATALOG_DIR, load_catalog, parse_capability
 from cowork_pipeline.describe import describe, record_of
 from cowork_pipeline.quality import Expect
-from cowork_pipeline.splits import SPLITS, assign_splits, disjointness, repeated_tasks
+from cowork_pipeline.splits import SPLITS, assign_splits, disjointness, repeated_tasks, with_tasks
 from cowork_pipeline.synthesis.tables import run_synthesis
 from cowork_pipeline.validation.certify import Validator
 from resources import GeneratorResource, LakeResource, ProfileResource
@@ -136,7 +136,7 @@ def environment_splits(context: AssetExecutionContext, lake: LakeResource, profi
     envs, v_env = lk.read_promoted("validated_environments")
     specs, v_spec = lk.read_promoted("capability_specs")
     caps = {cid: parse_capability(y, f"capability_specs@{v_spec}:{cid}") for cid, y in specs.select("capability_id", "yaml").iter_rows()}
-    envs = envs.filter(pl.col("capability_id").is_in(list(caps)))
+    envs = with_tasks(envs.filter(pl.col("capability_id").is_in(list(caps))))  # (fingerprinted once, for both)
     df = assign_splits(envs, caps, profile.heldout_env_fraction, profile.split_seed)
     leaks = disjointness(df).filter(pl.col("leak"))["capability_id"].to_list()
     tasks = repeated_tasks(envs, df)

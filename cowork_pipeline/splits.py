@@ -34,17 +34,25 @@ def task_fingerprint(spec_json: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def with_tasks(environments: pl.DataFrame) -> pl.DataFrame:
+    """``environments`` with a ``task`` column, the :func:`task_fingerprint` of each ``spec_json`` (computed once:
+    a frame that has the column already is returned as it is)."""
+    if "task" in environments.columns:
+        return environments
+    return environments.with_columns(task=pl.col("spec_json").map_elements(task_fingerprint, return_dtype=pl.String))
+
+
 def assign_splits(environments: pl.DataFrame, capabilities: Mapping[str, Capability], heldout_env_fraction: float = 0.15,
                   seed: int = 0) -> pl.DataFrame:
-    """One split per environment (``env_id``, ``capability_id``; with ``spec_json``, environments posing the same
-    task go together: the split of the first by id, and never training when one of them is a held-out
-    capability's)."""
+    """One split per environment (``env_id``, ``capability_id``; with ``spec_json`` or ``task`` (:func:`with_tasks`),
+    environments posing the same task go together: the split of the first by id, and never training when one of
+    them is a held-out capability's)."""
     ids = environments.select("env_id", "capability_id").rows()
     group: dict[str, str] = {env_id: env_id for env_id, _ in ids}  # env -> the first env (by id) of its task
     held_task: set[str] = set()  # tasks that a held-out capability's environment poses
-    if "spec_json" in environments.columns:
+    if "spec_json" in environments.columns or "task" in environments.columns:
         first: dict[str, str] = {}
-        prints = {env_id: task_fingerprint(spec) for env_id, spec in environments.select("env_id", "spec_json").iter_rows()}
+        prints = dict(with_tasks(environments).select("env_id", "task").iter_rows())
         for env_id in sorted(prints):
             group[env_id] = first.setdefault(prints[env_id], env_id)
         held_task = {group[e] for e, c in ids if c in capabilities and capabilities[c].heldout}
@@ -64,10 +72,10 @@ def assign_splits(environments: pl.DataFrame, capabilities: Mapping[str, Capabil
 
 
 def repeated_tasks(environments: pl.DataFrame, splits: pl.DataFrame) -> pl.DataFrame:
-    """Per environment (``env_id``, ``split``, ``spec_json``): its task fingerprint, how many environments pose it,
-    and whether a held-out one poses a task that a training environment poses too (``seen_in_training``)."""
-    df = (environments.select("env_id", "spec_json").join(splits.select("env_id", "split"), on="env_id")
-          .with_columns(task=pl.col("spec_json").map_elements(task_fingerprint, return_dtype=pl.String)).drop("spec_json"))
+    """Per environment (``env_id`` and ``spec_json`` or ``task``; its ``split``): its task fingerprint, how many
+    environments pose it, and whether a held-out one poses a task that a training environment poses too
+    (``seen_in_training``)."""
+    df = with_tasks(environments).select("env_id", "task").join(splits.select("env_id", "split"), on="env_id")
     trained = set(df.filter(pl.col("split") == "train")["task"])
     return (df.with_columns(task_envs=pl.len().over("task"),
                             seen_in_training=(pl.col("split") != "train") & pl.col("task").is_in(list(trained)))
