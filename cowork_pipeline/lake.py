@@ -53,13 +53,14 @@ PROMOTIONS_TABLE = "_promotions"
 WriteMode = Literal["merge", "append", "overwrite"]
 T = TypeVar("T")
 
-# Table names become path segments (and SQL string literals in _promotions
-# queries), so keep them to a safe alphabet; "/" allows namespaces like "eval/runs".
+
 def is_remote(root: str) -> bool:
     """Whether ``root`` is a URI (an object store: s3://, gs://, az://...), not a path on this machine."""
     return "://" in root
 
 
+# Table names become path segments (and SQL string literals in _promotions
+# queries), so keep them to a safe alphabet; "/" allows namespaces like "eval/runs".
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*$")
 # Commit races surface as CommitFailedError, but a few (e.g. two writers
 # creating the same table) can arrive as a plain DeltaError; match those by text.

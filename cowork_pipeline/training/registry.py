@@ -81,7 +81,6 @@ def current_checkpoints(rows: list[dict[str, Any]], trained: Callable[[str], flo
     return out + sorted(rl, key=lambda r: str(r["checkpoint_id"]))
 
 
-
 class UnknownCheckpoint(LookupError):
     """A name that is no registered checkpoint (or stands for several)."""
 
@@ -105,6 +104,7 @@ def find_checkpoint(rows: list[dict[str, Any]], ref: str, trained: Callable[[str
                                 + (f"; current: {', '.join(str(r['checkpoint_id']) for r in current)}" if current else ""))
     listed = ", ".join(str(r["checkpoint_id"]) for r in current) or "none"
     raise UnknownCheckpoint(f"no checkpoint {ref!r} is registered ({len(rows)} in the registry; current: {listed})")
+
 
 # ------------------------------------------------------------------ retention
 # Weights are the lake's largest files (a merged 8B checkpoint is ~16 GB) and every retrain on new demonstrations
