@@ -286,6 +286,30 @@ def test_a_policy_answer_rests_on_the_document_read_not_on_the_search(validator)
     assert _run(code, {"replies": [f"The limit in {f['city']} is {f['limit']:.2f} {cur} per day, taxes included."]})
 
 
+def test_policy_limits_are_drawn_per_world_so_the_answer_must_be_read():
+    """embedded-39: a limit fixed per city made the capability's 64 default drafts pose 9 distinct tasks, each with
+    its one answer (a student could say "Berlin: 180 EUR" without reading anything). Every draft now poses its own
+    task, one city's limit differs from world to world, and the policy's line for the asked city is the only line
+    of its currency with that figure."""
+    from cowork_pipeline.splits import task_fingerprint
+
+    backend = EmbeddedBackend()
+    specs = [backend.draft(CATALOG["travel_policy_question"], seed).spec for seed in range(64)]
+    assert len({task_fingerprint(s.model_dump_json()) for s in specs}) == 64
+    limits: dict[str, set[int]] = {}
+    complete = 0
+    for s in specs:
+        limits.setdefault(s.facts["city"], set()).add(s.facts["limit"])
+        policy = s.world["docs.documents"][s.facts["doc_id"]]["content"]
+        lines = [line for line in policy.split("\n") if line.startswith("- ")]
+        same = [line for line in lines if line.endswith(f" {s.facts['limit']} {s.facts['currency']}")]
+        # (a first draft may leave the city out, a planted conflict that the repair loop fixes)
+        assert same == [f"- {s.facts['city']}: {s.facts['limit']} {s.facts['currency']}"][:len(lines) - 4], policy
+        complete += len(lines) == 5
+    assert complete >= 40 and len(limits) >= 12 and sum(len(v) > 1 for v in limits.values()) >= 10, limits
+    assert backend.draft(CATALOG["travel_policy_question"], 7).spec == specs[7]  # same seed, same draw
+
+
 def test_an_answer_stating_a_figure_nothing_showed_is_ungrounded(validator, certified):
     """The reference is the teacher's demonstration: an answer whose figure appears in no result it read (the
     policy left the city out, the invoice's amount misremembered) teaches the student to make figures up."""

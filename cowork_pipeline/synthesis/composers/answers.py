@@ -1,6 +1,7 @@
 """Composers whose deliverable is an answer: the user asks, the agent looks it up and replies; nothing changes."""
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta
 
 from cowork_pipeline.services._util import matches
@@ -87,8 +88,26 @@ def overdue_invoices_question(ctx: Ctx) -> Composition:
     )
 
 
-CITIES = [("Berlin", "EUR", 180), ("Paris", "EUR", 240), ("London", "GBP", 210), ("New York", "USD", 320), ("Zurich", "CHF", 260),
-          ("Singapore", "SGD", 300), ("Madrid", "EUR", 160), ("Toronto", "CAD", 250)]
+# City, currency, and the range its limit is drawn from (in steps of 5) in each world. A limit fixed per city
+# made every draft of this capability pose one of eight tasks with one of eight answers (9 distinct tasks in 64
+# seeds), so a student could answer from memory without reading the policy. (Currencies the validator's
+# misstated-currency mutant knows.)
+CITIES = [("Amsterdam", "EUR", 160, 240), ("Berlin", "EUR", 150, 220), ("Boston", "USD", 240, 340),
+          ("Chicago", "USD", 220, 320), ("Dublin", "EUR", 170, 250), ("Edinburgh", "GBP", 140, 210),
+          ("Geneva", "CHF", 230, 330), ("London", "GBP", 170, 250), ("Madrid", "EUR", 130, 200),
+          ("Melbourne", "AUD", 200, 290), ("New York", "USD", 260, 380), ("Paris", "EUR", 190, 280),
+          ("Singapore", "SGD", 250, 360), ("Sydney", "AUD", 230, 330), ("Toronto", "CAD", 200, 300),
+          ("Zurich", "CHF", 220, 310)]
+
+
+def _draw_limits(pick: random.Random, n: int) -> list[tuple[str, str, int]]:
+    """``n`` cities with this world's limits, the traveller's first; no two of one currency share a limit, so the
+    policy's line for the asked city is the only one that gives its answer."""
+    cities = pick.sample(CITIES, n)
+    while True:
+        rows = [(city, cur, pick.randrange(low, high + 1, 5)) for city, cur, low, high in cities]
+        if len({(cur, amount) for _, cur, amount in rows}) == n:
+            return rows
 
 
 # A limit per night given for another period misinforms by a factor of 7 or 30 ("180.00 EUR per week"); "per day" is how
@@ -105,7 +124,7 @@ def travel_policy_question(ctx: Ctx) -> Composition:
     wb = ctx.world("People")
     folder = wb.add_folder("Policies")
     pick = ctx.piece("city")
-    rows = pick.sample(CITIES, 5)
+    rows = _draw_limits(pick, 5)
     city, cur, amount = rows[0]
     rows = sorted(rows)  # the document lists its cities alphabetically
     bump = pick.choice([10, 20, 30])
