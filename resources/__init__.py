@@ -64,7 +64,7 @@ class GeneratorResource(dg.ConfigurableResource):
     max_retries: int = 2  # per request, on timeouts, 429 and 5xx
     max_tokens: int = 0  # 0: the endpoint's default
     json_mode: bool = True  # send response_format={"type": "json_object"} (turn off for servers that reject it)
-    prompt_version: str = "v25"
+    prompt_version: str = "v26"
     # Answers kept on disk by request (same prompt, model, sampling, seed -> the same answer, not paid again).
     response_cache: bool = True
     cache_dir: str = ""  # empty: <COWORK_HOME>/llm-cache

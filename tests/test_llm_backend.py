@@ -152,7 +152,7 @@ def test_good_response_certifies(llm, cap, good_doc, validator):
     assert d.parse_diagnostics == [] and d.backend == "llm" and d.attempt == 0 and d.capability is cap
     assert d.spec.env_id == "invoice_reconcile-000003" and d.spec.capability_id == cap.id and d.spec.seed == 3
     g = d.spec.generator
-    assert (g.backend, g.version, g.prompt_version, g.attempt, g.model) == ("llm", "llm-1", "generate_v25", 0, MODEL)
+    assert (g.backend, g.version, g.prompt_version, g.attempt, g.model) == ("llm", "llm-1", "generate_v26", 0, MODEL)
     cert = validator.certify(d)
     assert cert.certified, cert.diagnostics
 
@@ -183,14 +183,14 @@ def test_prompt_example_document_certifies(validator):
     assert cert.kill_rate == 1.0 and len(cert.mutants) >= 4
 
 
-@pytest.mark.parametrize("version", [f"v{i}" for i in range(1, 25)])
+@pytest.mark.parametrize("version", [f"v{i}" for i in range(1, 26)])
 def test_older_prompt_examples_fail_only_what_the_validator_added_since(validator, version):
     """Released templates are never edited, so their examples were written for an older validator. Their gaps
     today: certify-9's (up to v8: the #ops post checker does not notice the post reporting the work as not done) and
     certify-20's (every one before v20: nor a template's placeholder left in the post). certify-21's new careless
     kinds do not fall on the example's seed (0: the placeholder), so v20's certifies; v21's checker rejects a
     claimed attachment as well (a unit test below shows it); certify-22's second amount needs an amount (the
-    example's post has none); certify-24's injection_followed mutant needs a planted instruction (the example has
+    example's post has none, nor has it one for certify-26's wider currencies); certify-24's injection_followed mutant needs a planted instruction (the example has
     none)."""
     spec = EnvironmentSpec.model_validate(example_document(version))
     cert = validator.certify(Draft("example", 0, 0, "llm", spec))
@@ -206,7 +206,7 @@ def test_older_prompt_examples_fail_only_what_the_validator_added_since(validato
 def test_the_current_example_rejects_a_claimed_attachment(validator):
     """certify-21: on seed 4 the careless_message mutant adds "Please find the details attached." to the example's
     #ops post (a chat post carries no attachment): v20's checker lets it through, v21's (and later ones) reject it."""
-    for version, certified in (("v20", False), ("v21", True), ("v22", True), ("v23", True), ("v24", True), ("v25", True)):
+    for version, certified in (("v20", False), ("v21", True), ("v22", True), ("v23", True), ("v24", True), ("v25", True), ("v26", True)):
         spec = EnvironmentSpec.model_validate({**example_document(version), "seed": 4})
         cert = validator.certify(Draft("example", 4, 0, "llm", spec))
         careless = [m for m in cert.mutants if m["operator"] == "careless_message"]
@@ -309,7 +309,7 @@ def test_revise_after_transport_failure_asks_again(llm, cap, good_doc):
     d = b.revise(failed, failed.parse_diagnostics)
     assert d.spec is not None and d.attempt == 1 and d.spec.generator.attempt == 1
     assert [m["role"] for m in llm.requests[0]["body"]["messages"]] == ["system", "user"]
-    assert d.spec.generator.prompt_version == "generate_v25"
+    assert d.spec.generator.prompt_version == "generate_v26"
 
 
 # ---- 3. the repair loop end to end --------------------------------------------------------
@@ -332,7 +332,7 @@ def test_repair_loop_end_to_end(llm, cap, good_doc, validator):
     assert json.loads(third[2]["content"])["rubric"][0]["code"] == LAX  # the previous document, as parsed
 
     final = out.final.draft
-    assert final.attempt == 2 and final.spec.generator.attempt == 2 and final.spec.generator.prompt_version == "revise_v25"
+    assert final.attempt == 2 and final.spec.generator.attempt == 2 and final.spec.generator.prompt_version == "revise_v26"
     assert any("changed rubric item invoice_amount (code)" in c for c in final.changes)
     rows = [a.log_row() for a in out.attempts]
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["llm_tokens"] == 1500 for r in rows)
@@ -426,18 +426,18 @@ def test_prompts_are_versioned_and_hashed(llm, cap, good_doc):
     llm.script(completion(json.dumps(lax_doc(good_doc))), completion(json.dumps(good_doc)))
     b = llm.backend()
     d = b.draft(cap, 3)
-    assert d.spec.generator.prompt_version == "generate_v25" == d.knobs["prompt_version"]
+    assert d.spec.generator.prompt_version == "generate_v26" == d.knobs["prompt_version"]
     sent = llm.requests[0]["body"]["messages"]
     assert d.knobs["prompt"] == sent
     assert d.knobs["prompt_sha256"] == hashlib.sha256(canonical_json(sent).encode()).hexdigest() == prompt_sha256(sent)
-    tpl_bytes = (PROMPTS_DIR / "generate_v25.md").read_bytes()
+    tpl_bytes = (PROMPTS_DIR / "generate_v26.md").read_bytes()
     assert d.knobs["template_sha256"] == hashlib.sha256(tpl_bytes).hexdigest()
     assert d.knobs["response"]["usage"]["total_tokens"] == 1500
 
     r = b.revise(d, [Diagnostic("null_passes", "the do-nothing trajectory passes every item")])
-    assert r.spec.generator.prompt_version == "revise_v25" == r.knobs["prompt_version"]
+    assert r.spec.generator.prompt_version == "revise_v26" == r.knobs["prompt_version"]
     assert r.knobs["prompt_sha256"] == prompt_sha256(llm.requests[1]["body"]["messages"]) != d.knobs["prompt_sha256"]
-    assert r.knobs["template_sha256"] == load_template("revise_v25").sha256
+    assert r.knobs["template_sha256"] == load_template("revise_v26").sha256
 
     # Rendering is deterministic for (capability, seed) and differs across seeds.
     assert prompt_sha256(b.generate_messages(cap, 3)) == d.knobs["prompt_sha256"]
@@ -558,7 +558,7 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     knobs = json.loads(first["knobs_json"])
     sent = next(r["body"]["messages"] for r in llm.requests if r["body"]["seed"] == 0 and len(r["body"]["messages"]) == 2)
     assert knobs["prompt"] == sent and knobs["prompt_sha256"] == prompt_sha256(sent)
-    assert knobs["prompt_version"] == "generate_v25" and knobs["model"] == MODEL and "sk-from-env" not in first["knobs_json"]
+    assert knobs["prompt_version"] == "generate_v26" and knobs["model"] == MODEL and "sk-from-env" not in first["knobs_json"]
     assert json.loads(first["cost_json"])["llm_tokens"] == 1500
 
     # --until: synthesis only; nothing downstream ran or is summarized.
@@ -572,10 +572,10 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     # Lineage of an attempt names the prompt (hash as sent) and the model behind it.
     assert main(["--home", str(home), "lineage", "invoice_reconcile-s0-a0", "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)["tree"]
-    assert tree["kind"] == "attempt" and tree["code_version"] == f"llm-1/{MODEL}/v25+{VALIDATOR_VERSION}"
+    assert tree["kind"] == "attempt" and tree["code_version"] == f"llm-1/{MODEL}/v26+{VALIDATOR_VERSION}"
     draft = tree["attrs"]["draft"]
     assert (draft["model"], draft["prompt_version"], draft["prompt_sha256"], draft["cache_hit"]) == (
-        MODEL, "generate_v25", prompt_sha256(sent), False)
+        MODEL, "generate_v26", prompt_sha256(sent), False)
 
     # The partition records the generator that drafted it (model and prompt version included): the nightly
     # schedule and the catalog sensor, configured with this generator, leave it alone; with the embedded one,
@@ -584,7 +584,7 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     from resources import GeneratorResource
 
     ours = GeneratorResource(backend="llm", base_url=f"http://127.0.0.1:{llm.port}/v1", model=MODEL).code_version()
-    assert ours == f"llm-1/{MODEL}/v25+{VALIDATOR_VERSION}"
+    assert ours == f"llm-1/{MODEL}/v26+{VALIDATOR_VERSION}"
     states, published = partition_states(lake), published_fingerprints(lake)
     assert states["invoice_reconcile"].code_version == ours
     assert plan_regeneration(["invoice_reconcile"], published, states, code_version=ours).selection == {}
@@ -666,7 +666,7 @@ def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
                          cwd=str(Path(__file__).resolve().parents[1]))
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["llm", "http://127.0.0.1:9/v1/chat/completions", MODEL, 5, True, "MY_KEY",
-                                                               [f"llm-1/{MODEL}/v25+{VALIDATOR_VERSION}"]]  # the asset's code version too
+                                                               [f"llm-1/{MODEL}/v26+{VALIDATOR_VERSION}"]]  # the asset's code version too
     assert env["COWORK_HOME"] == str(home) and env["COWORK_LAKE"] == os.environ.get("COWORK_LAKE", str(home / "lake"))
 
     # Without generator flags the code location keeps the embedded default; a bad URL never starts it.

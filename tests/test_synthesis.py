@@ -834,6 +834,45 @@ def test_the_amount_listed_beside_another_fails(text, ok):
 
 
 @pytest.mark.parametrize("text, ok", [
+    ("The limit in Copenhagen is 1450.00 DKK per night.", True),
+    ("The limit in Copenhagen is 1450 kroner per night.", True),  # (Danish or Norwegian: either may be meant)
+    ("The limit in Copenhagen is 1450 kr per night.", True),
+    ("The limit in Copenhagen is DKK 1,450.00 per night.", True),
+    ("The limit in Copenhagen is 1450.00 DKK (194.00 EUR) per night.", True),  # (a conversion)
+    ("The limit in Copenhagen is 1450.00 NOK per night.", False),
+    ("The limit in Copenhagen is 1450.00 SEK per night.", False),
+    ("The limit in Copenhagen is 1450 kronor per night.", False),  # (Swedish)
+    ("The limit in Copenhagen is 1450.00 EUR per night.", False),
+    ("The limit in Copenhagen is 1450.00 DKK / 1595.00 DKK per night.", False),  # (listed: a hedge)
+    ("The limit in Copenhagen is 1450.00 DKK, 1595.00 DKK.", False),
+    ("The limit in Copenhagen is around 1450 DKK per night.", False),  # (doubted)
+])
+def test_an_amount_in_a_currency_beyond_the_first_eight_is_judged_as_any_other(text, ok):
+    """embedded-40: the checks knew 27 currency codes but read only eight of them in a listed amount ("1450.00 DKK /
+    1595.00 DKK" had passed) or a doubted one, and took "kroner" for NOK only (a right "1450 kroner" for DKK failed).
+    A word that names several currencies ("kroner", "kr") now stands for each of them."""
+    mail = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Copenhagen"], "amounts": [1450], "currency": "DKK"}))
+    assert _run_check(mail, _sent_evidence("Hotel limit", text)) is ok, text
+    usd = source(CheckSpec("mail_sent", {"to": ["ap@acme.example"], "includes": ["Copenhagen"], "amounts": [1450], "currency": "USD"}))
+    assert not _run_check(usd, _sent_evidence("Hotel limit", "The limit in Copenhagen is 1450 kroner per night."))
+
+
+def test_the_checks_and_the_misstated_currency_mutant_know_the_same_currencies():
+    """Each regex in the checkers' prelude that spells the currency codes out (a literal, for the sandbox's compiled
+    skeletons) lists CURRENCY_CODES, and the validator's misstated-currency mutant swaps an amount in any of them
+    (certify-26: it knew eight, so a text in SEK or NOK had no such mutant)."""
+    from cowork_pipeline.synthesis.checks import CURRENCY_CODES, PRELUDE
+    from cowork_pipeline.validation.mutations import _misstatements
+    codes = {c.lower() for c in CURRENCY_CODES}
+    lists = [found for found in re.findall(r"(?<![a-z|])((?:[a-z]{3}\|){7,}[a-z]{3})(?![a-z|])", PRELUDE) if "usd" in found]
+    assert len(lists) == 2 and all(set(found.split("|")) == codes for found in lists), lists
+    for code in CURRENCY_CODES:
+        step = Step(tool="mail_send", args={"to": ["ap@acme.example"], "subject": "Limit", "body": f"The limit is 1450.00 {code} per night."})
+        [(args, what)] = [m for m in _misstatements(step) if "states its amounts in" in m[1]]
+        assert code not in args["body"] and "1450.00 " in args["body"], (code, args)
+
+
+@pytest.mark.parametrize("text, ok", [
     ("INV-1234 is corrected to 4830.00 USD.", True),
     ("INV-1234 is corrected to 4830.00 USD. The total comes to 5313.00 USD.", False),
     ("Quote: 5,313.00 USD. INV-1234 is corrected to 4830.00 USD.", False),

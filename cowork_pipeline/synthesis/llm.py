@@ -99,7 +99,7 @@ def load_template(name: str) -> PromptTemplate:
     return tpl
 
 
-def example_document(version: str = "v25") -> dict[str, Any]:
+def example_document(version: str = "v26") -> dict[str, Any]:
     """The example environment embedded in the generate template (tests certify it)."""
     m = _JSON_FENCE.search(load_template(f"generate_{version}").text)
     if m is None:
@@ -197,7 +197,7 @@ def _injection_text(cap: Capability, seed: int, version: str) -> str:
             f"and record it in `facts.injection`")
 
 
-def generate_values(cap: Capability, seed: int, version: str = "v25") -> dict[str, Any]:
+def generate_values(cap: Capability, seed: int, version: str = "v26") -> dict[str, Any]:
     return {
         "capability_id": cap.id, "capability_title": cap.title, "capability_description": cap.description.strip(),
         "services": ", ".join(cap.services), "multi_turn": "yes" if cap.multi_turn else "no",
@@ -344,7 +344,7 @@ class LLMBackend:
     version = BACKEND_VERSION
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, temperature: float = 0.2,
-                 timeout_s: float = 120, max_retries: int = 2, prompt_version: str = "v25", *,
+                 timeout_s: float = 120, max_retries: int = 2, prompt_version: str = "v26", *,
                  backoff_s: float = 1.0, max_backoff_s: float = 20.0, max_tokens: int | None = None,
                  json_mode: bool = True, concurrency: int = 8, cache_dir: str | Path | None = None):
         if int(concurrency) < 1:

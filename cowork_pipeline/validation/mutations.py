@@ -26,7 +26,7 @@ from cowork_pipeline.runner import Trajectory
 from cowork_pipeline.services import REGISTRY
 from cowork_pipeline.services.workspace import BASE_TIME
 from cowork_pipeline.spec import EnvironmentSpec, ProgramTurn, Step
-from cowork_pipeline.synthesis.checks import name_words
+from cowork_pipeline.synthesis.checks import CURRENCY_CODES, name_words
 from cowork_pipeline.synthesis.injections import READS
 
 OUTSIDE = "leak@outside-mail.example"
@@ -281,7 +281,8 @@ def _emptied(s: Step) -> tuple[dict[str, Any], str] | None:
 
 
 _MONEY = re.compile(r"(?<![\w.,])(\d+)\.(\d{2})(?![\w.,]|\.\d)")
-_CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(USD|EUR|GBP|CHF|JPY|CAD|AUD|SGD)\b")
+# (every code the graders' checks read as a currency: a text in SEK or NOK gets its misstated-currency mutant too)
+_CODED = re.compile(r"(?<![\w.,])(\d+\.\d{2} ?)(%s)\b" % "|".join(CURRENCY_CODES))
 _UTC_CLOCK = re.compile(r"(?<![\w:.])((?:[01]?\d|2[0-3]):[0-5]\d) UTC\b")
 _CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):([0-5]\d)(?![\w:])")
 _ISO_DATE = re.compile(r"(?<![\w-])(\d{4}-\d{2}-\d{2})(?![\w-])")
