@@ -125,13 +125,14 @@ def _repair_plot(cap_id: str, tel: dict) -> dg.MetadataValue:
     return plot_md(fig)
 
 
-@dg.asset(group_name="synthesis", code_version="1", deps=["validated_environments", "capability_specs"],
+@dg.asset(group_name="synthesis", code_version="2", deps=["validated_environments", "capability_specs"],
           check_specs=[check_spec("environment_splits", "unique ids, known splits, held-out capabilities disjoint from training, "
                                                         "no held-out environment posing a training environment's task")],
           automation_condition=GATED)
 def environment_splits(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
     """Train / held-out environments / held-out capabilities, disjoint by capability lineage; environments that pose
-    the same task (the same turns, reference calls and answers in another world) share a split."""
+    the same task (the same values and calls in the turns, the reference and its answers, in any words and in
+    another world) share a split (code version 2: the same words and calls, in version 1)."""
     lk = lake.lake()
     envs, v_env = lk.read_promoted("validated_environments")
     specs, v_spec = lk.read_promoted("capability_specs")
@@ -143,7 +144,7 @@ def environment_splits(context: AssetExecutionContext, lake: LakeResource, profi
     audit = df.with_columns(capability_leak=pl.col("capability_id").is_in(leaks)).join(
         tasks.select("env_id", "seen_in_training"), on="env_id", how="left")
     mat, check = write_checked(context, lk, "environment_splits", df, audit_df=audit,
-                               lin=lineage(context, "environment_splits", "1", {"validated_environments": v_env, "capability_specs": v_spec}),
+                               lin=lineage(context, "environment_splits", "2", {"validated_environments": v_env, "capability_specs": v_spec}),
                                suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "env_id"}),
                                       Expect("ExpectColumnValuesToBeInSet", {"column": "split", "value_set": list(SPLITS)}),
                                       Expect("ExpectColumnValuesToBeInSet", {"column": "capability_leak", "value_set": [False]},

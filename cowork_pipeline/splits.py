@@ -4,14 +4,15 @@ Two held-out sets: ``heldout_env`` (unseen worlds and seeds of training capabili
 ``heldout_capability`` (capabilities marked held-out: nothing derived from them may reach
 training). The split of an environment depends only on its id and the split seed, so
 adding environments never moves existing ones between splits; except that environments posing the same task
-(:func:`task_fingerprint`) share one split, that of the first of them by id, so that no held-out environment is a
-task the student was trained on.
+(:func:`task_fingerprint`: the same values and calls, in any words) share one split, that of the first of them by id,
+so that no held-out environment is a task the student was trained on.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Mapping
+import re
+from typing import Any, Mapping
 
 import polars as pl
 
@@ -24,14 +25,93 @@ def _unit(env_id: str, seed: int) -> float:
     return int.from_bytes(hashlib.sha256(f"{seed}:{env_id}".encode()).digest()[:8], "big") / 2**64
 
 
+# The values a text gives, whatever its words: an email address, an ISO date (and time), a time of day, an identifier
+# (INV-1458, tkt_12, #eng-team), a number, and a capitalised word (a name, a city, a title; see text_values)
+_PROSE_WORDS = 5  # a string of this many words or more is prose, judged by its values; a shorter one (a name, a title, a query) is a value
+_VALUE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\d{4}-\d{2}-\d{2}(?:T[\d:.]+(?:Z|[+-]\d{2}:?\d{2})?)?|(?<![\d:])\d{1,2}:\d{2}(?![\d:])"
+                    r"|#[\w-]+|\b[A-Za-z]+[-_]?\d[\w-]*|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\b[A-Z][\w'\u2019-]*")
+
+
+def _opens_sentence(text: str, at: int) -> bool:
+    # whether the word at ``at`` opens a sentence (a line, a clause after a colon: "Quick one: Cancel the ..."),
+    # read back over spaces, quotes and brackets only
+    while at > 0 and text[at - 1] in " \t\"'\u201c(":
+        at -= 1
+    return at == 0 or text[at - 1] in ".!?:;\n"
+
+
+def _capitalised(text: str, opening: bool) -> set[str]:
+    # the capitalised words of ``text``, with or without those that open a sentence (not the pronoun "I")
+    return {m.group(0).lower() for m in re.finditer(r"\b[A-Z][\w'\u2019-]*", text)
+            if not any(c.isdigit() for c in m.group(0)) and m.group(0) != "I" and not m.group(0).startswith(("I'", "I\u2019"))
+            and (opening or not _opens_sentence(text, m.start()))}
+
+
+def names_in(spec: Any) -> frozenset[str]:
+    """The words ``spec`` (any JSON value) writes as names: every capitalised word of a short string (a person's, a
+    company's, a meeting's name) and of prose where it does not open a sentence."""
+    out: set[str] = set()
+    stack = [spec]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str) and any(c.isupper() for c in v):
+            out |= _capitalised(v, opening=len(v.split()) < _PROSE_WORDS)
+    return frozenset(out)
+
+
+def text_values(text: str, names: frozenset[str] = frozenset()) -> list[str]:
+    """The values ``text`` gives (:data:`_VALUE`), lower-cased, numbers as plain figures ("19,000" and "19000.00" are
+    one), each once, sorted: two wordings of one request give the same list. A capitalised word that opens a sentence
+    is a value only among ``names`` (:func:`names_in`): "Kwame" is, "Please" is not."""
+    out: set[str] = set()
+    for m in _VALUE.finditer(text):
+        t = m.group(0)
+        if t[0].isupper() and not any(c.isdigit() for c in t):
+            if t == "I" or t.startswith(("I'", "I\u2019")) or (_opens_sentence(text, m.start()) and t.lower() not in names):
+                continue  # (the pronoun, a sentence's first word that names nothing: wording, not a value)
+        elif t[0].isdigit() and re.fullmatch(r"[\d,]+(?:\.\d+)?", t):
+            t = format(float(t.replace(",", "")), ".2f")
+        out.add(t.lower())
+    return sorted(out)
+
+
 def task_fingerprint(spec_json: str) -> str:
-    """The task as a student meets it: the user's turns (with the world's events between them) and what the
-    reference calls and answers. Environments alike in these differ only in records the reference never had to
-    tell apart (a world drawn again around the same question and answer), so a student that learnt one by heart
-    passes the other: they are one task, not a seen and an unseen one."""
+    """The task as a student meets it, whatever its words: the values of the user's turns, the world's events between
+    them, and the reference's calls (tool and arguments) and answers, with prose (a message's body, an answer) read
+    for its values (:func:`text_values`) and the world's record ids left out, as are where in a list of results the
+    reference found its record and the replies to turns that ask nothing. Environments alike in these differ only in
+    words or in records the reference never had to tell apart (a world drawn again around the same question and
+    answer, an LLM's rewording of a draft it wrote before), so a student that learnt one by heart passes the other:
+    they are one task, not a seen and an unseen one."""
     spec = json.loads(spec_json)
-    blob = json.dumps({"turns": spec.get("turns"), "reference": spec.get("reference")}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    ids = {rid for name, coll in (spec.get("world") or {}).items() if not name.startswith("_") and isinstance(coll, dict) for rid in coll}
+    ids |= {e["args"]["id"] for t in spec.get("turns") or [] for e in t.get("events") or []
+            if isinstance(e.get("args"), dict) and isinstance(e["args"].get("id"), str)}
+
+    def norm(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in sorted(v.items())}
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        if isinstance(v, str):
+            return "<id>" if v in ids else text_values(v, names) if len(v.split()) >= _PROSE_WORDS else " ".join(v.lower().split())
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return format(float(v), ".2f")
+        return v
+
+    names = names_in(spec)
+    turns = spec.get("turns") or []
+    asked = [bool(t.get("answer")) for t in turns]
+    blob = {"turns": [{"user": text_values(t.get("user") or "", names), "events": norm(t.get("events") or []), "answer": a}
+                      for t, a in zip(turns, asked)],
+            "reference": [{"steps": [[st.get("tool"), norm(st.get("args") or {})] for st in r.get("steps") or []],
+                           "answer": text_values(r.get("reply") or "", names) if i < len(asked) and asked[i] else None}
+                          for i, r in enumerate(spec.get("reference") or [])]}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def with_tasks(environments: pl.DataFrame) -> pl.DataFrame:

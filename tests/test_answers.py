@@ -289,8 +289,9 @@ def test_a_policy_answer_rests_on_the_document_read_not_on_the_search(validator)
 def test_policy_limits_are_drawn_per_world_so_the_answer_must_be_read():
     """embedded-39: a limit fixed per city made the capability's 64 default drafts pose 9 distinct tasks, each with
     its one answer (a student could say "Berlin: 180 EUR" without reading anything). Every draft now poses its own
-    task, one city's limit differs from world to world, and the policy's line for the asked city is the only line
-    of its currency with that figure."""
+    task (embedded-41: drawn at random, 5 of them asked a question another had asked, for the same limit; seed k now
+    asks the k-th of the (city, limit) questions in a fixed shuffled order), one city's limit differs from world to
+    world, and the policy's line for the asked city is the only line of its currency with that figure."""
     from cowork_pipeline.splits import task_fingerprint
 
     backend = EmbeddedBackend()

@@ -5908,6 +5908,55 @@ def test_environments_posing_the_same_task_share_a_split(outcomes, backend):
     group = {trained["env_id"], *copies["env_id"][:40]}
     assert flagged == ({copies["env_id"][0]} if other == "heldout_env" else group - {copies["env_id"][0]})
 
+def test_the_same_task_in_other_words_or_another_layout_is_one_task(outcomes, backend):
+    """A task is its values and calls, not its words: the same request reworded (another opening, a politer
+    closing), its messages and answer reworded around the same values, figures in another notation, the world's
+    record ids renamed and the record found at another place in a list of results give one fingerprint; another
+    value (a name, an amount, a date), another call or another answer give another."""
+    from cowork_pipeline.splits import names_in, text_values
+
+    names = names_in({"name": "Kwame Lee", "body": "Please ask Kwame. Paris is lovely."})
+    assert names == {"kwame", "lee"}  # (a short string's words, prose's words inside a sentence)
+    assert text_values("INV-1458 comes to 19,000.00 USD, due 2026-03-05 at 15:00 UTC; ask Kwame Lee in #billing.", names) == \
+        text_values("Kwame Lee (see #billing) says: due at 15:00 UTC on 2026-03-05, INV-1458 is 19000 USD.", names) == \
+        ["#billing", "15:00", "19000.00", "2026-03-05", "inv-1458", "kwame", "lee", "usd", "utc"]
+    assert text_values("I'm travelling to New York. What is the limit?") == ["new", "york"]  # (the pronoun, a sentence's first word)
+
+    envs = {cid: tables_from(CATALOG[cid], outs, backend).validated for cid, outs in outcomes.items()}
+    for cid in ("invoice_dispute", "travel_policy_question", "calendar_cancel_notify"):
+        spec = json.loads(envs[cid]["spec_json"][0])
+        same = copy.deepcopy(spec)
+        for t in same["turns"]:
+            t["user"] = "Hi there. Quick one, please: " + t["user"] + " Thanks a lot!"
+        for r in same["reference"]:
+            r["reply"] = "Sure. " + r["reply"] + " Anything else?"
+            for st in r["steps"]:
+                st["bind"] = {k: re.sub(r"^\d+", lambda m: str(int(m.group(0)) + 1), v) for k, v in st.get("bind", {}).items()}
+                for key, v in st["args"].items():
+                    if isinstance(v, str) and len(v.split()) >= 5:
+                        st["args"][key] = "Hello.\n" + v.replace(".00 USD", " USD") + "\nKind regards."
+        renamed = json.dumps(same)
+        for coll in (n for n in spec["world"] if not n.startswith("_")):
+            for rid in spec["world"][coll]:
+                renamed = renamed.replace(f'"{rid}"', f'"{rid}x"')
+        assert task_fingerprint(json.dumps(spec)) == task_fingerprint(json.dumps(same)) == task_fingerprint(renamed), cid
+        user = spec["turns"][0]["user"]
+        other_value = json.loads(json.dumps(spec).replace(re.findall(r"\b[A-Z][a-z]+", user[1:])[0], "Zanzibar"))
+        other_call = copy.deepcopy(spec)
+        other_call["reference"][0]["steps"].append({"tool": "chat_list_channels", "args": {}, "bind": {}})
+        prints = {task_fingerprint(json.dumps(x)) for x in (spec, other_value, other_call)}
+        assert len(prints) == 3, cid
+    # an answer is graded, so another figure in it is another task; a reply to a turn that asks nothing is not
+    asked = json.loads(envs["travel_policy_question"]["spec_json"][0])
+    wrong = copy.deepcopy(asked)
+    wrong["reference"][0]["reply"] = re.sub(r"\d+\.00", "1.00", wrong["reference"][0]["reply"])
+    assert task_fingerprint(json.dumps(asked)) != task_fingerprint(json.dumps(wrong))
+    told = json.loads(envs["invoice_dispute"]["spec_json"][0])
+    chatty = copy.deepcopy(told)
+    chatty["reference"][0]["reply"] = "All done, 3 things handled on 2026-03-02."
+    assert task_fingerprint(json.dumps(told)) == task_fingerprint(json.dumps(chatty))
+
+
 def test_disjointness_flags_a_planted_leak(env_frame):
     s = assign_splits(env_frame, CATALOG)
     held = sorted(cid for cid, c in CATALOG.items() if c.heldout)[0]

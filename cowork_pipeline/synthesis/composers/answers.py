@@ -100,12 +100,20 @@ CITIES = [("Amsterdam", "EUR", 160, 240), ("Berlin", "EUR", 150, 220), ("Boston"
           ("Zurich", "CHF", 220, 310)]
 
 
-def _draw_limits(pick: random.Random, n: int) -> list[tuple[str, str, int]]:
-    """``n`` cities with this world's limits, the traveller's first; no two of one currency share a limit, so the
-    policy's line for the asked city is the only one that gives its answer."""
-    cities = pick.sample(CITIES, n)
+# Every (city, limit) the traveller may ask about, in one fixed shuffled order: seed k asks the k-th, so no two of
+# the first len(_ASKED) seeds ask the same question for the same answer (drawn at random, 64 seeds repeated 4 to 5
+# of their questions with the same limit: one task in two environments).
+_ASKED = [(city, cur, limit) for city, cur, low, high in CITIES for limit in range(low, high + 1, 5)]
+random.Random("travel_policy_question").shuffle(_ASKED)
+
+
+def _draw_limits(pick: random.Random, n: int, asked: int) -> list[tuple[str, str, int]]:
+    """``n`` cities with this world's limits, the traveller's first (the ``asked``-th of :data:`_ASKED`); no two of
+    one currency share a limit, so the policy's line for the asked city is the only one that gives its answer."""
+    first = _ASKED[asked % len(_ASKED)]
+    cities = pick.sample([c for c in CITIES if c[0] != first[0]], n - 1)
     while True:
-        rows = [(city, cur, pick.randrange(low, high + 1, 5)) for city, cur, low, high in cities]
+        rows = [first] + [(city, cur, pick.randrange(low, high + 1, 5)) for city, cur, low, high in cities]
         if len({(cur, amount) for _, cur, amount in rows}) == n:
             return rows
 
@@ -124,7 +132,8 @@ def travel_policy_question(ctx: Ctx) -> Composition:
     wb = ctx.world("People")
     folder = wb.add_folder("Policies")
     pick = ctx.piece("city")
-    rows = _draw_limits(pick, 5)
+    # (a re-sampled city asks another question: one a seed far from this one asks)
+    rows = _draw_limits(pick, 5, ctx.seed + 101 * ctx.knobs.get("resample", {}).get("city", 0))
     city, cur, amount = rows[0]
     rows = sorted(rows)  # the document lists its cities alphabetically
     bump = pick.choice([10, 20, 30])
