@@ -40,11 +40,14 @@ def _opens_sentence(text: str, at: int) -> bool:
     return at == 0 or text[at - 1] in ".!?:;\n"
 
 
+def _pronoun(word: str) -> bool:
+    return word == "I" or word.startswith(("I'", "I\u2019"))  # (I, I'm, I'll: capitalised, but no name)
+
+
 def _capitalised(text: str, opening: bool) -> set[str]:
-    # the capitalised words of ``text``, with or without those that open a sentence (not the pronoun "I")
+    # the capitalised words of ``text``, with or without those that open a sentence (not the pronoun)
     return {m.group(0).lower() for m in re.finditer(r"\b[A-Z][\w'\u2019-]*", text)
-            if not any(c.isdigit() for c in m.group(0)) and m.group(0) != "I" and not m.group(0).startswith(("I'", "I\u2019"))
-            and (opening or not _opens_sentence(text, m.start()))}
+            if not any(c.isdigit() for c in m.group(0)) and not _pronoun(m.group(0)) and (opening or not _opens_sentence(text, m.start()))}
 
 
 def names_in(spec: Any) -> frozenset[str]:
@@ -71,7 +74,7 @@ def text_values(text: str, names: frozenset[str] = frozenset()) -> list[str]:
     for m in _VALUE.finditer(text):
         t = m.group(0)
         if t[0].isupper() and not any(c.isdigit() for c in t):
-            if t == "I" or t.startswith(("I'", "I\u2019")) or (_opens_sentence(text, m.start()) and t.lower() not in names):
+            if _pronoun(t) or (_opens_sentence(text, m.start()) and t.lower() not in names):
                 continue  # (the pronoun, a sentence's first word that names nothing: wording, not a value)
         elif t[0].isdigit() and re.fullmatch(r"[\d,]+(?:\.\d+)?", t):
             t = format(float(t.replace(",", "")), ".2f")
