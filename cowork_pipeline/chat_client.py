@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -161,6 +162,27 @@ class ChatClient:
             time.sleep(max(0.0, wait))
 
 
+_REASONING_OPEN = re.compile(r"\s*<(think|thinking|reasoning)>")
+
+
+def split_reasoning(text: str) -> tuple[str, str | None]:
+    """(the answer, the reasoning before it) in a completion's content. A reasoning model served without a
+    reasoning parser (Qwen3, DeepSeek-R1, QwQ) writes its thoughts first, ``<think>...</think>``, or only the closing
+    tag when the chat template opened the block in the prompt; a block opened and never closed is all reasoning (the
+    answer never came: ``("", reasoning)``). Without a block: ``(text, None)``."""
+    opened = _REASONING_OPEN.match(text)
+    if opened is not None:
+        close = f"</{opened.group(1)}>"
+        end = text.find(close, opened.end())
+        if end < 0:
+            return "", text[opened.end():].strip()
+        return text[end + len(close):].lstrip(), text[opened.end():end].strip()
+    end = text.find("</think>")
+    if end >= 0 and "<think>" not in text[:end]:
+        return text[end + len("</think>"):].lstrip(), text[:end].strip()
+    return text, None
+
+
 def read_error(e: urllib.error.HTTPError) -> str:
     try:
         raw = e.read().decode("utf-8", "replace")
@@ -183,4 +205,5 @@ def retry_after(e: urllib.error.HTTPError) -> float | None:
         return None
 
 
-__all__ = ["ChatClient", "ResponseCache", "RETRY_STATUS", "TransportError", "is_loopback", "read_error", "retry_after"]
+__all__ = ["ChatClient", "ResponseCache", "RETRY_STATUS", "TransportError", "is_loopback", "read_error", "retry_after",
+           "split_reasoning"]

@@ -327,6 +327,8 @@ def _normalize(msg: Any) -> dict[str, Any]:
         out["tool_calls"] = list(msg["tool_calls"])
     if msg.get("parse_error"):
         out["parse_error"] = msg["parse_error"]
+    if msg.get("reasoning"):  # (an endpoint model's thoughts before its reply: kept for the transcript, never graded)
+        out["reasoning"] = msg["reasoning"]
     return out
 
 

@@ -152,7 +152,7 @@ def test_good_response_certifies(llm, cap, good_doc, validator):
     assert d.parse_diagnostics == [] and d.backend == "llm" and d.attempt == 0 and d.capability is cap
     assert d.spec.env_id == "invoice_reconcile-000003" and d.spec.capability_id == cap.id and d.spec.seed == 3
     g = d.spec.generator
-    assert (g.backend, g.version, g.prompt_version, g.attempt, g.model) == ("llm", "llm-1", "generate_v26", 0, MODEL)
+    assert (g.backend, g.version, g.prompt_version, g.attempt, g.model) == ("llm", "llm-2", "generate_v26", 0, MODEL)
     cert = validator.certify(d)
     assert cert.certified, cert.diagnostics
 
@@ -221,6 +221,27 @@ def test_prose_and_fences_around_json_parse(llm, cap, good_doc):
     d = llm.backend().draft(cap, 3)
     assert d.spec is not None, d.parse_diagnostics
     assert d.raw == text
+
+
+def test_a_reasoning_model_s_thoughts_and_sketches_are_not_the_document(llm, cap, good_doc, validator):
+    """A reasoning model served without a reasoning parser (Qwen3, DeepSeek-R1) writes its thoughts first, and they
+    may hold an object of their own: the document is the object with a document's keys, after the thoughts."""
+    sketch = '{"title": "Reconcile the invoice", "turns": 1}'
+    for thoughts in (f"<think>\nA draft could start like {sketch}; the checker must reject '</think>'-free text... no.\n</think>\n\n",
+                     f"Okay, the user wants an environment. Maybe {sketch}. Let me write it.\n</think>\n",  # template opened it
+                     "Here is a sketch first: {\"title\": \"x\"}. And the document:\n"):
+        text = thoughts + "```json\n" + json.dumps(good_doc, indent=1) + "\n```"
+        llm.script(completion(text))
+        d = llm.backend().draft(cap, 3)
+        assert d.spec is not None, (thoughts, d.parse_diagnostics)
+        assert d.raw == text and validator.certify(d).certified
+    # still thinking when the tokens ran out, or a sketch and then a cut document: the answer never came
+    for text, says in ((f"<think>\nMaybe {sketch}, or", "never ends"),
+                       (f"Sketch: {sketch}\n" + json.dumps(good_doc)[:4000], "never closed")):
+        llm.script(completion(text, finish="length"))
+        d = llm.backend().draft(cap, 3)
+        assert d.spec is None and [x.code for x in d.parse_diagnostics] == ["unparseable_output"]
+        assert says in d.parse_diagnostics[0].message and "token limit" in d.parse_diagnostics[0].message
 
 
 def test_truncated_json_is_unparseable(llm, cap, good_doc, validator):
@@ -572,7 +593,7 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     # Lineage of an attempt names the prompt (hash as sent) and the model behind it.
     assert main(["--home", str(home), "lineage", "invoice_reconcile-s0-a0", "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)["tree"]
-    assert tree["kind"] == "attempt" and tree["code_version"] == f"llm-1/{MODEL}/v26+{VALIDATOR_VERSION}"
+    assert tree["kind"] == "attempt" and tree["code_version"] == f"llm-2/{MODEL}/v26+{VALIDATOR_VERSION}"
     draft = tree["attrs"]["draft"]
     assert (draft["model"], draft["prompt_version"], draft["prompt_sha256"], draft["cache_hit"]) == (
         MODEL, "generate_v26", prompt_sha256(sent), False)
@@ -584,7 +605,7 @@ def test_cowork_run_drafts_with_an_llm_endpoint(llm, good_doc, tmp_path, monkeyp
     from resources import GeneratorResource
 
     ours = GeneratorResource(backend="llm", base_url=f"http://127.0.0.1:{llm.port}/v1", model=MODEL).code_version()
-    assert ours == f"llm-1/{MODEL}/v26+{VALIDATOR_VERSION}"
+    assert ours == f"llm-2/{MODEL}/v26+{VALIDATOR_VERSION}"
     states, published = partition_states(lake), published_fingerprints(lake)
     assert states["invoice_reconcile"].code_version == ours
     assert plan_regeneration(["invoice_reconcile"], published, states, code_version=ours).selection == {}
@@ -666,7 +687,7 @@ def test_cowork_ui_hands_its_generator_to_the_code_location(tmp_path):
                          cwd=str(Path(__file__).resolve().parents[1]))
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["llm", "http://127.0.0.1:9/v1/chat/completions", MODEL, 5, True, "MY_KEY",
-                                                               [f"llm-1/{MODEL}/v26+{VALIDATOR_VERSION}"]]  # the asset's code version too
+                                                               [f"llm-2/{MODEL}/v26+{VALIDATOR_VERSION}"]]  # the asset's code version too
     assert env["COWORK_HOME"] == str(home) and env["COWORK_LAKE"] == os.environ.get("COWORK_LAKE", str(home / "lake"))
 
     # Without generator flags the code location keeps the embedded default; a bad URL never starts it.

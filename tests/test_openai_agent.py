@@ -247,3 +247,43 @@ def test_a_turn_cut_at_the_token_limit_is_marked_in_the_transcript():
     cut = response_message(_body({"content": "I will now upd"}, finish="length"))
     assert cut["content"] == "I will now upd" and cut["parse_error"].startswith("truncated")
     assert "parse_error" not in response_message(_body({"content": "Done."}))
+
+
+def test_a_reasoning_model_s_thoughts_are_neither_its_reply_nor_its_calls(scripted, sb):
+    """Qwen3 or DeepSeek-R1 behind an endpoint without a reasoning parser: every message starts with its thoughts
+    (``<think>...</think>``, or only the closing tag when the chat template opened the block), and the thoughts may
+    sketch a call. The calls after them are made, the thoughts' are not; the reply is what follows them (an answer
+    with the markup left in would fail); the transcript keeps the thoughts, the requests never send them back; a
+    parser's ``reasoning_content`` is kept the same way."""
+    from cowork_pipeline.validation.grader import grade_many
+
+    env = _env("invoice_reconcile")
+    calls = [(st["tool"], st["args"]) for st in run_episode(env, ProgramAgent(env.reference)).steps]
+    decoy = '<tool_call>{"name": "crm_delete_contact", "arguments": {"contact_id": "x"}}</tool_call>'
+
+    def respond(body, n):
+        thoughts = (f"<think>\nStep {n}. Maybe {decoy}? No.\n</think>\n\n" if n % 2 else f"Step {n}, as planned.\n</think>\n\n")
+        if n <= len(calls):
+            tool, args = calls[n - 1]
+            call = json.dumps({"name": tool, "arguments": args})
+            if n % 3:  # calls written into the text after the thoughts (hermes format), or as the API's tool_calls
+                return 200, _body({"content": f"{thoughts}<tool_call>\n{call}\n</tool_call>"})
+            return 200, _body({"content": thoughts, "tool_calls": [{"id": f"c{n}", "type": "function",
+                                                                    "function": {"name": tool, "arguments": json.dumps(args)}}]})
+        return 200, _body({"content": thoughts + env.reference[0].reply})
+
+    s = scripted(respond)
+    traj = run_episode(env, s.agent())
+    assert [(st["tool"], st["args"]) for st in traj.steps] == calls and all(st["ok"] for st in traj.steps)
+    assert traj.replies == [env.reference[0].reply]
+    (grade,) = grade_many(sb, [(env, traj, None)])
+    assert grade.passed, grade.failed_items()
+    said = [m for m in traj.messages if m["role"] == "assistant"]
+    assert all(m.get("reasoning", "").startswith("Step") for m in said) and not any("<think>" in (m["content"] or "") for m in said)
+    assert not any("think>" in json.dumps(r["body"]["messages"]) or "reasoning" in json.dumps(r["body"]["messages"]) for r in s.requests)
+    from cowork_pipeline.agents.openai_agent import response_message
+
+    apart = response_message(_body({"content": "Done.", "reasoning_content": "Parsed apart."}))
+    assert apart == {"role": "assistant", "content": "Done.", "reasoning": "Parsed apart."}
+    unended = response_message(_body({"content": "<think>\nStill going"}, finish="length"))
+    assert unended["content"] == "" and unended["reasoning"] == "Still going" and unended["parse_error"].startswith("truncated")

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from cowork_pipeline.agents.base import Message, ToolSchema
 from cowork_pipeline.agents.chat_format import TOOL_CALL_OPEN, parse_assistant_output
-from cowork_pipeline.chat_client import ChatClient, TransportError
+from cowork_pipeline.chat_client import ChatClient, TransportError, split_reasoning
 
 # What an OpenAI-compatible server accepts per message role (our trajectories carry bookkeeping beside it:
 # a tool message's name, an unparseable output's parse_error).
@@ -76,6 +76,19 @@ def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_call
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
     elif content is not None and not isinstance(content, str):
         content = json.dumps(content)
+    # the model's reasoning is not its reply (nor a tool call it thought of): the endpoint's reasoning parser puts it
+    # apart, else it leads the content; the transcript keeps it under "reasoning", and it is never sent back
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if content:
+        content, thought = split_reasoning(content)
+        reasoning = thought if thought is not None else reasoning
+    seen = {"reasoning": reasoning} if isinstance(reasoning, str) and reasoning else {}
+    out = _response_message(choices[0], content, id_offset, text_tool_calls)
+    return {**out, **seen}
+
+
+def _response_message(choice: dict[str, Any], content: str | None, id_offset: int, text_tool_calls: bool) -> Message:
+    msg = choice["message"]
     calls = msg.get("tool_calls")
     if not calls and isinstance(msg.get("function_call"), dict):  # the deprecated single-call field
         calls = [{"id": f"call_{id_offset}", "type": "function", "function": msg["function_call"]}]
@@ -86,7 +99,7 @@ def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_call
         return {"role": "assistant", "content": content or None,
                 "tool_calls": [_call({**c, "id": (c.get("id") if isinstance(c, dict) else None) or f"call_{id_offset + i}"}, i)
                                if isinstance(c, dict) else c for i, c in enumerate(calls)]}
-    truncated = choices[0].get("finish_reason") == "length"
+    truncated = choice.get("finish_reason") == "length"
     if text_tool_calls and content and TOOL_CALL_OPEN in content:
         parsed = parse_assistant_output(content, truncated=truncated, id_offset=id_offset)
         return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}

@@ -37,13 +37,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from cowork_pipeline.capabilities import Capability
-from cowork_pipeline.chat_client import ChatClient, TransportError
+from cowork_pipeline.chat_client import ChatClient, TransportError, split_reasoning
 from cowork_pipeline.services import REGISTRY, tools_for
 from cowork_pipeline.spec import EnvironmentSpec, GeneratorInfo, canonical_json, environment_id
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
 from cowork_pipeline.synthesis.injections import FORBIDDING
 
-BACKEND_VERSION = "llm-1"
+BACKEND_VERSION = "llm-2"  # llm-2: the document is found after a reasoning block, and before a sketch object
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 MAX_DIAGNOSTICS = 30  # per revise prompt / per parse failure
 MAX_PREVIOUS_CHARS = 60_000  # a garbage answer is quoted back at most this long
@@ -232,14 +232,45 @@ class NoJSON(ValueError):
     """The text holds no complete JSON object; the message says why (truncated, syntax error...)."""
 
 
-def extract_json_object(text: str) -> dict[str, Any]:
-    """The first complete top-level JSON object in ``text`` (prose and ``` fences around it allowed).
+# the keys an environment document has at its top level (a sketch may have one of them: a document has two or more)
+_DOCUMENT_KEYS = ("world", "rubric", "turns", "reference")
 
-    Braces are matched outside JSON strings only (escapes respected). A balanced candidate that
-    is not valid JSON is skipped as a whole (so prose like ``{this}`` before the document is
-    fine); an object still open at the end of the text means the answer was truncated.
+
+def _is_document(obj: dict[str, Any]) -> bool:
+    return any(sum(k in o for k in _DOCUMENT_KEYS) >= 2 for o in (obj, *(v for v in obj.values() if isinstance(v, dict))))
+
+
+def extract_json_object(text: str) -> dict[str, Any]:
+    """The environment document in ``text``: the first complete top-level JSON object that has a document's keys
+    (two of ``world``, ``rubric``, ``turns``, ``reference``, or an object wrapping one), else the first complete one;
+    prose, ``` fences and a leading reasoning block (``<think>...</think>``) around it allowed.
+
+    A reasoning block or prose may hold an object of its own (a sketch: ``{"title": ...}``); the document is
+    preferred over it. Braces are matched outside JSON strings only (escapes respected). A balanced candidate that
+    is not valid JSON is skipped as a whole (so prose like ``{this}`` before the document is fine); an object still
+    open at the end of the text, with no document before it, means the answer was truncated.
     """
+    answer, thought = split_reasoning(text)
+    if thought is not None and not answer:
+        try:  # (a whole document written while thinking is still the document)
+            return _find_json_object(text, documents_only=True)
+        except NoJSON:
+            pass
+        if re.search(r"</(?:think|thinking|reasoning)>", text) is None:
+            raise NoJSON(f"the output is one reasoning block that never ends: the model was still reasoning when it "
+                         f"stopped after {len(text)} characters, and the answer never came (truncated?)")
+        raise NoJSON("the output is a reasoning block and nothing after it: no answer")
+    if thought is not None and "{" in answer:
+        try:  # (the answer after the thoughts; should that hold no document, the whole text is read as it is)
+            return _find_json_object(answer, documents_only=True)
+        except NoJSON:
+            pass
+    return _find_json_object(text)
+
+
+def _find_json_object(text: str, documents_only: bool = False) -> dict[str, Any]:
     errors: list[str] = []
+    first: dict[str, Any] | None = None
     i, n = 0, len(text)
     while True:
         start = text.find("{", i)
@@ -269,6 +300,8 @@ def extract_json_object(text: str) -> dict[str, Any]:
             line = text.count("\n", 0, start) + 1
             errors.append(f"the JSON object starting at line {line} is never closed: the output ends {where} "
                           f"after {n - start} characters (truncated?)")
+            if any(f'"{k}"' in text[start:] for k in _DOCUMENT_KEYS):
+                first = None  # (a sketch before a truncated document is not the answer)
             break
         candidate = text[start:end]
         try:
@@ -279,8 +312,12 @@ def extract_json_object(text: str) -> dict[str, Any]:
             i = end
             continue
         if isinstance(obj, dict):
-            return obj
+            if _is_document(obj):
+                return obj
+            first = obj if first is None else first
         i = end
+    if first is not None and not documents_only:
+        return first
     if not errors:
         snippet = " ".join(text.split())[:80]
         errors.append(f"no JSON object in the output (it starts: {snippet!r})" if text.strip() else "the output is empty")
