@@ -290,13 +290,20 @@ def test_policy_limits_are_drawn_per_world_so_the_answer_must_be_read():
     """embedded-39: a limit fixed per city made the capability's 64 default drafts pose 9 distinct tasks, each with
     its one answer (a student could say "Berlin: 180 EUR" without reading anything). Every draft now poses its own
     task (embedded-41: drawn at random, 5 of them asked a question another had asked, for the same limit; seed k now
-    asks the k-th of the (city, limit) questions in a fixed shuffled order), one city's limit differs from world to
+    asks the k-th of the (city, limit) questions in a fixed shuffled order, 1,466 of them since embedded-42), one
+    city's limit differs from world to
     world, and the policy's line for the asked city is the only line of its currency with that figure."""
     from cowork_pipeline.splits import task_fingerprint
 
     backend = EmbeddedBackend()
     specs = [backend.draft(CATALOG["travel_policy_question"], seed).spec for seed in range(64)]
     assert len({task_fingerprint(s.model_dump_json()) for s in specs}) == 64
+    # embedded-42: 1,466 questions, not 306 (seed 306 had asked seed 0's question again); the first 306 as before
+    from cowork_pipeline.synthesis.composers.answers import _ASKED, _ROUND
+    assert len(set(_ASKED)) == len(_ASKED) == 1466 and _ASKED[:len(_ROUND)] == _ROUND and len(_ROUND) == 306
+    later = [backend.draft(CATALOG["travel_policy_question"], seed).spec for seed in range(280, 440)]
+    assert [(s.facts["city"], s.facts["limit"]) for s in later] == [(c, x) for c, _, x in _ASKED[280:440]]
+    assert len({task_fingerprint(s.model_dump_json()) for s in specs + later}) == 64 + 160
     limits: dict[str, set[int]] = {}
     complete = 0
     for s in specs:

@@ -102,18 +102,24 @@ CITIES = [("Amsterdam", "EUR", 160, 240), ("Berlin", "EUR", 150, 220), ("Boston"
 
 # Every (city, limit) the traveller may ask about, in one fixed shuffled order: seed k asks the k-th, so no two of
 # the first len(_ASKED) seeds ask the same question for the same answer (drawn at random, 64 seeds repeated 4 to 5
-# of their questions with the same limit: one task in two environments).
-_ASKED = [(city, cur, limit) for city, cur, low, high in CITIES for limit in range(low, high + 1, 5)]
-random.Random("travel_policy_question").shuffle(_ASKED)
+# of their questions with the same limit: one task in two environments). First the limits in steps of 5 (306),
+# then the others (1,160 more: seed 306 on had asked seed 0's question again); a world whose question is one of
+# those lists every city at any figure, so the asked city's is not the one line that is no multiple of 5.
+_ROUND = [(city, cur, limit) for city, cur, low, high in CITIES for limit in range(low, high + 1, 5)]
+_OTHER = [(city, cur, limit) for city, cur, low, high in CITIES for limit in range(low, high + 1) if limit % 5 != low % 5]
+random.Random("travel_policy_question").shuffle(_ROUND)
+random.Random("travel_policy_question:other").shuffle(_OTHER)
+_ASKED = _ROUND + _OTHER
 
 
 def _draw_limits(pick: random.Random, n: int, asked: int) -> list[tuple[str, str, int]]:
     """``n`` cities with this world's limits, the traveller's first (the ``asked``-th of :data:`_ASKED`); no two of
     one currency share a limit, so the policy's line for the asked city is the only one that gives its answer."""
     first = _ASKED[asked % len(_ASKED)]
+    step = 5 if asked % len(_ASKED) < len(_ROUND) else 1
     cities = pick.sample([c for c in CITIES if c[0] != first[0]], n - 1)
     while True:
-        rows = [first] + [(city, cur, pick.randrange(low, high + 1, 5)) for city, cur, low, high in cities]
+        rows = [first] + [(city, cur, pick.randrange(low, high + 1, step)) for city, cur, low, high in cities]
         if len({(cur, amount) for _, cur, amount in rows}) == n:
             return rows
 
