@@ -125,7 +125,7 @@ def _repair_plot(cap_id: str, tel: dict) -> dg.MetadataValue:
     return plot_md(fig)
 
 
-@dg.asset(group_name="synthesis", code_version="2", deps=["validated_environments", "capability_specs"],
+@dg.asset(group_name="synthesis", code_version="3", deps=["validated_environments", "capability_specs"],
           check_specs=[check_spec("environment_splits", "unique ids, known splits, held-out capabilities disjoint from training, "
                                                         "no held-out environment posing a training environment's task")],
           automation_condition=GATED)

@@ -28,8 +28,9 @@ def _unit(env_id: str, seed: int) -> float:
 # The values a text gives, whatever its words: an email address, an ISO date (and time), a time of day, an identifier
 # (INV-1458, tkt_12, #eng-team), a number, and a capitalised word (a name, a city, a title; see text_values)
 _PROSE_WORDS = 5  # a string of this many words or more is prose, judged by its values; a shorter one (a name, a title, a query) is a value
+_CAPITALISED = r"\b[A-Z][\w'\u2019-]*"
 _VALUE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\d{4}-\d{2}-\d{2}(?:T[\d:.]+(?:Z|[+-]\d{2}:?\d{2})?)?|(?<![\d:])\d{1,2}:\d{2}(?![\d:])"
-                    r"|#[\w-]+|\b[A-Za-z]+[-_]?\d[\w-]*|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\b[A-Z][\w'\u2019-]*")
+                    r"|#[\w-]+|\b[A-Za-z]+[-_]?\d[\w-]*|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|" + _CAPITALISED)
 
 
 def _opens_sentence(text: str, at: int) -> bool:
@@ -46,13 +47,13 @@ def _pronoun(word: str) -> bool:
 
 def _capitalised(text: str, opening: bool) -> set[str]:
     # the capitalised words of ``text``, with or without those that open a sentence (not the pronoun)
-    return {m.group(0).lower() for m in re.finditer(r"\b[A-Z][\w'\u2019-]*", text)
+    return {m.group(0).lower() for m in re.finditer(_CAPITALISED, text)
             if not any(c.isdigit() for c in m.group(0)) and not _pronoun(m.group(0)) and (opening or not _opens_sentence(text, m.start()))}
 
 
 def names_in(spec: Any) -> frozenset[str]:
-    """The words ``spec`` (any JSON value) writes as names: every capitalised word of a short string (a person's, a
-    company's, a meeting's name) and of prose where it does not open a sentence."""
+    """The words ``spec`` (any JSON value: an environment's world and events) writes as names: every capitalised word
+    of a short string (a person's, a company's, a meeting's name) and of prose where it does not open a sentence."""
     out: set[str] = set()
     stack = [spec]
     while stack:
@@ -68,14 +69,15 @@ def names_in(spec: Any) -> frozenset[str]:
 
 def text_values(text: str, names: frozenset[str] = frozenset()) -> list[str]:
     """The values ``text`` gives (:data:`_VALUE`), lower-cased, numbers as plain figures ("19,000" and "19000.00" are
-    one), each once, sorted: two wordings of one request give the same list. A capitalised word that opens a sentence
-    is a value only among ``names`` (:func:`names_in`): "Kwame" is, "Please" is not."""
+    one), each once, sorted: two wordings of one request give the same list. A capitalised word is a value only
+    among ``names`` (:func:`names_in` of the environment's world), wherever it stands: "Kwame" is; "Please" opening a
+    sentence is not, nor an ordinary word a rewording capitalises ("this is Urgent")."""
     out: set[str] = set()
     for m in _VALUE.finditer(text):
         t = m.group(0)
         if t[0].isupper() and not any(c.isdigit() for c in t):
-            if _pronoun(t) or (_opens_sentence(text, m.start()) and t.lower() not in names):
-                continue  # (the pronoun, a sentence's first word that names nothing: wording, not a value)
+            if _pronoun(t) or t.lower() not in names:
+                continue  # (the pronoun, a capitalised word that names nothing in the world: wording, not a value)
         elif t[0].isdigit() and re.fullmatch(r"[\d,]+(?:\.\d+)?", t):
             t = format(float(t.replace(",", "")), ".2f")
         out.add(t.lower())
@@ -106,7 +108,8 @@ def task_fingerprint(spec_json: str) -> str:
             return format(float(v), ".2f")
         return v
 
-    names = names_in(spec)
+    # (names are what the world names: the turns' and the reference's own capitals are wording)
+    names = names_in([spec.get("world") or {}, [t.get("events") or [] for t in spec.get("turns") or []]])
     turns = spec.get("turns") or []
     asked = [bool(t.get("answer")) for t in turns]
     blob = {"turns": [{"user": text_values(t.get("user") or "", names), "events": norm(t.get("events") or []), "answer": a}

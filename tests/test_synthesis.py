@@ -5998,18 +5998,18 @@ def test_the_same_task_in_other_words_or_another_layout_is_one_task(outcomes, ba
     names = names_in({"name": "Kwame Lee", "body": "Please ask Kwame. Paris is lovely."})
     assert names == {"kwame", "lee"}  # (a short string's words, prose's words inside a sentence)
     assert text_values("INV-1458 comes to 19,000.00 USD, due 2026-03-05 at 15:00 UTC; ask Kwame Lee in #billing.", names) == \
-        text_values("Kwame Lee (see #billing) says: due at 15:00 UTC on 2026-03-05, INV-1458 is 19000 USD.", names) == \
-        ["#billing", "15:00", "19000.00", "2026-03-05", "inv-1458", "kwame", "lee", "usd", "utc"]
-    assert text_values("I'm travelling to New York. What is the limit?") == ["new", "york"]  # (the pronoun, a sentence's first word)
+        text_values("Kwame Lee (see #billing) says: due at 15:00 UTC on 2026-03-05, INV-1458 is 19000 USD, this is Urgent.", names) == \
+        ["#billing", "15:00", "19000.00", "2026-03-05", "inv-1458", "kwame", "lee"]  # (capitals the world names, wherever)
+    assert text_values("I'm travelling to New York. What is the limit?", frozenset({"new", "york"})) == ["new", "york"]
 
     envs = {cid: tables_from(CATALOG[cid], outs, backend).validated for cid, outs in outcomes.items()}
     for cid in ("invoice_dispute", "travel_policy_question", "calendar_cancel_notify"):
         spec = json.loads(envs[cid]["spec_json"][0])
         same = copy.deepcopy(spec)
-        for t in same["turns"]:
-            t["user"] = "Hi there. Quick one, please: " + t["user"] + " Thanks a lot!"
+        for t in same["turns"]:  # (environment_splits 3: an ordinary word capitalised mid-sentence is wording too)
+            t["user"] = "Hi there. Quick one, please: " + t["user"] + " Thanks a lot, this is Urgent and Important!"
         for r in same["reference"]:
-            r["reply"] = "Sure. " + r["reply"] + " Anything else?"
+            r["reply"] = "Sure. " + r["reply"] + " Anything else? Just say the Word."
             for st in r["steps"]:
                 st["bind"] = {k: re.sub(r"^\d+", lambda m: str(int(m.group(0)) + 1), v) for k, v in st.get("bind", {}).items()}
                 for key, v in st["args"].items():
