@@ -132,7 +132,8 @@ def _repair_plot(cap_id: str, tel: dict) -> dg.MetadataValue:
 def environment_splits(context: AssetExecutionContext, lake: LakeResource, profile: ProfileResource):
     """Train / held-out environments / held-out capabilities, disjoint by capability lineage; environments that pose
     the same task (the same values and calls in the turns, the reference and its answers, in any words and in
-    another world) share a split (code version 2: the same words and calls, in version 1)."""
+    another world) share a split (code version 3: capitals the world does not name are wording; 2: any capitalised
+    word inside a sentence was a value; 1: the same words and calls)."""
     lk = lake.lake()
     envs, v_env = lk.read_promoted("validated_environments")
     specs, v_spec = lk.read_promoted("capability_specs")
@@ -144,7 +145,7 @@ def environment_splits(context: AssetExecutionContext, lake: LakeResource, profi
     audit = df.with_columns(capability_leak=pl.col("capability_id").is_in(leaks)).join(
         tasks.select("env_id", "seen_in_training"), on="env_id", how="left")
     mat, check = write_checked(context, lk, "environment_splits", df, audit_df=audit,
-                               lin=lineage(context, "environment_splits", "2", {"validated_environments": v_env, "capability_specs": v_spec}),
+                               lin=lineage(context, "environment_splits", "3", {"validated_environments": v_env, "capability_specs": v_spec}),
                                suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "env_id"}),
                                       Expect("ExpectColumnValuesToBeInSet", {"column": "split", "value_set": list(SPLITS)}),
                                       Expect("ExpectColumnValuesToBeInSet", {"column": "capability_leak", "value_set": [False]},
@@ -156,5 +157,9 @@ def environment_splits(context: AssetExecutionContext, lake: LakeResource, profi
     # environments that pose a task another one poses too (kept together in one split)
     mat.metadata["n_repeated_task_envs"] = int((tasks["task_envs"] > 1).sum())
     mat.metadata["n_distinct_tasks"] = int(tasks["task"].n_unique())
+    # per capability that repeats itself: a narrow capability (or a generator that rewrites its own drafts) shows here
+    per_cap = envs.group_by("capability_id").agg(environments=pl.len(), distinct_tasks=pl.col("task").n_unique())
+    mat.metadata["repeated_tasks_by_capability"] = dg.MetadataValue.json(
+        {c: {"environments": n, "distinct_tasks": k} for c, n, k in per_cap.sort("capability_id").iter_rows() if k < n})
     yield mat
     yield check

@@ -15,6 +15,7 @@ from assets.definitions import ALL_ASSETS, build_definitions, resources
 from assets.run import ensure_home, run_all
 from cowork_pipeline.lake import LINEAGE_COLUMNS, Lake, Lineage, NotPromoted
 from cowork_pipeline.quality import Expect
+from cowork_pipeline.splits import with_tasks
 from resources import SMOKE_PROFILE, LakeResource, ProfileResource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -285,6 +286,11 @@ def test_smoke_run_materializes_every_table_with_lineage(smoke_run):
     assert up["validated_environments"] == v_env  # the exact version it was computed from
     assert set(envs["capability_id"]) == {"invoice_reconcile", "ticket_triage_followup", "weekly_task_digest"}
     assert set(splits.filter(pl.col("capability_id") == "weekly_task_digest")["split"]) == {"heldout_capability"}
+    # the distinct tasks, and per capability that repeats itself its environments and tasks
+    meta = instance.get_latest_materialization_event(dg.AssetKey("environment_splits")).asset_materialization.metadata
+    tasks = with_tasks(envs).group_by("capability_id").agg(n=pl.len(), k=pl.col("task").n_unique())
+    assert meta["n_distinct_tasks"].value == with_tasks(envs)["task"].n_unique() == tasks["k"].sum()
+    assert meta["repeated_tasks_by_capability"].value == {c: {"environments": n, "distinct_tasks": k} for c, n, k in tasks.iter_rows() if k < n}
     demos, _ = lake.read_promoted("demonstrations")
     assert set(demos["split"]) == {"train"}
     assert "weekly_task_digest" not in set(demos["capability_id"])
