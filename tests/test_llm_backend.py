@@ -67,9 +67,11 @@ def lax_doc(good: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- the scripted chat-completions server -------------------------------------------------
-def completion(content: str, usage: dict[str, int] | None = None, finish: str = "stop") -> tuple[int, bytes, dict[str, str]]:
+def completion(content: str | None, usage: dict[str, int] | None = None, finish: str = "stop",
+               reasoning: str | None = None) -> tuple[int, bytes, dict[str, str]]:
+    message = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning is not None else {})}
     body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": usage or {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}}
     return 200, json.dumps(body).encode(), {"Content-Type": "application/json"}
 
@@ -242,6 +244,13 @@ def test_a_reasoning_model_s_thoughts_and_sketches_are_not_the_document(llm, cap
         d = llm.backend().draft(cap, 3)
         assert d.spec is None and [x.code for x in d.parse_diagnostics] == ["unparseable_output"]
         assert says in d.parse_diagnostics[0].message and "token limit" in d.parse_diagnostics[0].message
+    # a server's reasoning parser that got no closing tag puts everything in reasoning_content, the content empty
+    llm.script(completion(None, reasoning="Let me write it.\n" + json.dumps(good_doc)))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is not None and validator.certify(d).certified, d.parse_diagnostics
+    llm.script(completion("", reasoning=f"Maybe {sketch}, or", finish="length"))
+    d = llm.backend().draft(cap, 3)
+    assert d.spec is None and "reasoning block and nothing after it" in d.parse_diagnostics[0].message
 
 
 def test_truncated_json_is_unparseable(llm, cap, good_doc, validator):

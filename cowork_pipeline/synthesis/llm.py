@@ -515,6 +515,11 @@ def _read_choice(body: dict[str, Any]) -> tuple[str | None, str | None, dict[str
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
     if content is not None and not isinstance(content, str):
         content = json.dumps(content)
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if isinstance(reasoning, str) and reasoning.strip() and not (content or "").strip():
+        # a server's reasoning parser put everything in the reasoning (the model never closed its thoughts): read it
+        # as the thoughts it is, so a document written there is found and an answer that never came says so
+        content = f"<think>{reasoning}</think>"
     return content, choice.get("finish_reason"), usage
 
 
