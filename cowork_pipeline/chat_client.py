@@ -165,6 +165,19 @@ class ChatClient:
 _REASONING_OPEN = re.compile(r"\s*<(think|thinking|reasoning)>")
 
 
+def message_text(msg: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(content, reasoning) of a response's message: the content as text (content parts joined, anything else as
+    JSON; None when absent) and what a server's reasoning parser put apart (``reasoning_content``, or
+    ``reasoning``), None when nothing."""
+    content = msg.get("content")
+    if isinstance(content, list):  # content parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    elif content is not None and not isinstance(content, str):
+        content = json.dumps(content)
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    return content, reasoning if isinstance(reasoning, str) and reasoning.strip() else None
+
+
 def split_reasoning(text: str) -> tuple[str, str | None]:
     """(the answer, the reasoning before it) in a completion's content. A reasoning model served without a
     reasoning parser (Qwen3, DeepSeek-R1, QwQ) writes its thoughts first, ``<think>...</think>``, or only the closing
@@ -205,5 +218,5 @@ def retry_after(e: urllib.error.HTTPError) -> float | None:
         return None
 
 
-__all__ = ["ChatClient", "ResponseCache", "RETRY_STATUS", "TransportError", "is_loopback", "read_error", "retry_after",
-           "split_reasoning"]
+__all__ = ["ChatClient", "ResponseCache", "RETRY_STATUS", "TransportError", "is_loopback", "message_text", "read_error",
+           "retry_after", "split_reasoning"]

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from cowork_pipeline.agents.base import Message, ToolSchema
 from cowork_pipeline.agents.chat_format import TOOL_CALL_OPEN, parse_assistant_output
-from cowork_pipeline.chat_client import ChatClient, TransportError, split_reasoning
+from cowork_pipeline.chat_client import ChatClient, TransportError, message_text, split_reasoning
 
 # What an OpenAI-compatible server accepts per message role (our trajectories carry bookkeeping beside it:
 # a tool message's name, an unparseable output's parse_error).
@@ -71,18 +71,13 @@ def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_call
     msg = choices[0].get("message")
     if not isinstance(msg, dict):
         raise EndpointError(f"choice 0 has no message: {json.dumps(choices[0])[:300]}")
-    content = msg.get("content")
-    if isinstance(content, list):  # content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    elif content is not None and not isinstance(content, str):
-        content = json.dumps(content)
     # the model's reasoning is not its reply (nor a tool call it thought of): the endpoint's reasoning parser puts it
     # apart, else it leads the content; the transcript keeps it under "reasoning", and it is never sent back
-    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    content, reasoning = message_text(msg)
     if content:
         content, thought = split_reasoning(content)
         reasoning = thought if thought is not None else reasoning
-    seen = {"reasoning": reasoning} if isinstance(reasoning, str) and reasoning else {}
+    seen = {"reasoning": reasoning} if reasoning else {}
     out = _response_message(choices[0], content, id_offset, text_tool_calls)
     return {**out, **seen}
 

@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cowork_pipeline.capabilities import Capability
-from cowork_pipeline.chat_client import ChatClient, TransportError, split_reasoning
+from cowork_pipeline.chat_client import ChatClient, TransportError, message_text, split_reasoning
 from cowork_pipeline.services import REGISTRY, tools_for
 from cowork_pipeline.spec import EnvironmentSpec, GeneratorInfo, canonical_json, environment_id
 from cowork_pipeline.synthesis.draft import Diagnostic, Draft
@@ -509,14 +509,8 @@ def _read_choice(body: dict[str, Any]) -> tuple[str | None, str | None, dict[str
     if not choices or not isinstance(choices[0], dict):
         return None, None, usage
     choice = choices[0]
-    msg = choice.get("message") or {}
-    content = msg.get("content")
-    if isinstance(content, list):  # content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if content is not None and not isinstance(content, str):
-        content = json.dumps(content)
-    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-    if isinstance(reasoning, str) and reasoning.strip() and not (content or "").strip():
+    content, reasoning = message_text(choice.get("message") or {})
+    if reasoning is not None and not (content or "").strip():
         # a server's reasoning parser put everything in the reasoning (the model never closed its thoughts): read it
         # as the thoughts it is, so a document written there is found and an answer that never came says so
         content = f"<think>{reasoning}</think>"
