@@ -551,7 +551,7 @@ def _claims(text, ev, attached=False):
                 for k, r in (recs if isinstance(recs, dict) else {}).items():
                     if ("'" + str(k) + "'") in told:
                         # (not who edited it before: finance correcting an invoice is not told of the agent's update)
-                        named_records = named_records + str({f: v for f, v in r.items() if f != "history"} if isinstance(r, dict) else r)
+                        named_records = named_records + str({**r, "history": None} if isinstance(r, dict) and "history" in r else r)
             for name, d in ev["diff"].items():
                 gone = d.get("removed")
                 for k in gone if isinstance(gone, dict) else {}:
