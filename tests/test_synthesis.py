@@ -3267,16 +3267,22 @@ REWORDINGS = [("is cancelled", "has been called off"), ("cancelled", "called off
 
 def _reworded(spec, turns, rewordings):
     """The reference with every message's phrases replaced by ``rewordings`` ([(old, new)], in order)."""
-    m = copy.deepcopy(turns)
-    n = 0
-    for ti, si, k, text in _outgoing_texts(turns):
-        new = text
+    def reword(text):
         for a, b in rewordings:
-            new = new.replace(a, b)
+            text = text.replace(a, b)
+        return text
+    return _texts_rewritten(spec, turns, None, reword, "messages reworded")
+
+
+def _texts_rewritten(spec, turns, keys, rewrite, what):
+    """The reference with every message text under ``keys`` (all when None) passed through ``rewrite``."""
+    m, n = copy.deepcopy(turns), 0
+    for ti, si, k, text in _outgoing_texts(turns):
+        new = rewrite(text) if keys is None or k in keys else text
         if new != text:
             m[ti][si][1][k], n = new, n + 1
     if n:
-        yield f"{n} messages reworded", _program(spec, m)
+        yield f"{n} {what}", _program(spec, m)
 
 
 def ctl_messages_reworded(spec, turns, ref):
@@ -5598,26 +5604,15 @@ def op_confidential_document_pasted(spec, turns, ref):
                                         lambda t: f"{t}\n\n{text}", lambda t: f"{t} {text}")
 
 
-def _texts_rewritten(spec, turns, keys, rewrite):
-    """The reference with every message text under ``keys`` (all when None) passed through ``rewrite``."""
-    m, n = copy.deepcopy(turns), 0
-    for ti, si, k, text in _outgoing_texts(turns):
-        new = rewrite(text) if keys is None or k in keys else text
-        if new != text:
-            m[ti][si][1][k], n = new, n + 1
-    if n:
-        yield f"{n} texts: {rewrite('Hi Kwame,' + chr(10) + chr(10) + 'It moved. See you then.')!r}", _program(spec, m)
-
-
 def ctl_html_bodies(spec, turns, ref):
     """CONTROL: every email body written as HTML, its paragraphs in <p> and its line breaks as <br>"""
     paragraphs = lambda t: "".join(f"<p>{q.replace(chr(10), '<br>')}</p>" for q in t.split("\n\n"))  # noqa: E731
-    return _texts_rewritten(spec, turns, {"body"}, paragraphs)
+    return _texts_rewritten(spec, turns, {"body"}, paragraphs, "bodies as HTML")
 
 
 def ctl_emoji_around_texts(spec, turns, ref):
     """CONTROL: every message, comment and post opens with a check mark and ends with a smile (emoji)"""
-    return _texts_rewritten(spec, turns, None, lambda t: f"\u2705 {t} \U0001f642")
+    return _texts_rewritten(spec, turns, None, lambda t: f"\u2705 {t} \U0001f642", "texts with emoji")
 
 
 def ctl_sentences_as_bullets(spec, turns, ref):
@@ -5625,7 +5620,7 @@ def ctl_sentences_as_bullets(spec, turns, ref):
     def bullets(t):
         said = [x for x in re.split(r"(?<=[.!?])\s+", t.strip()) if x]
         return "\n".join("- " + x for x in said) if len(said) > 1 else t
-    return _texts_rewritten(spec, turns, None, bullets)
+    return _texts_rewritten(spec, turns, None, bullets, "texts as bullets")
 
 
 def ctl_answer_under_a_heading_with_emoji(spec, turns, ref):
