@@ -287,3 +287,42 @@ def test_a_reasoning_model_s_thoughts_are_neither_its_reply_nor_its_calls(script
     assert apart == {"role": "assistant", "content": "Done.", "reasoning": "Parsed apart."}
     unended = response_message(_body({"content": "<think>\nStill going"}, finish="length"))
     assert unended["content"] == "" and unended["reasoning"] == "Still going" and unended["parse_error"].startswith("truncated")
+
+
+def test_calls_written_as_bare_json_are_calls_and_other_json_is_a_reply(scripted, sb):
+    """Llama 3 or Mistral behind an endpoint without a tool-call parser write their calls as the whole text:
+    ``{"name": ..., "parameters": {...}}``, ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``, in a json fence, the
+    arguments as a JSON string. Each is the call (the trial passes its grading); JSON that is not a call of an offered
+    tool stays the reply."""
+    from cowork_pipeline.agents.openai_agent import bare_calls, response_message
+    from cowork_pipeline.validation.grader import grade_many
+
+    env = _env("invoice_reconcile")
+    calls = [(st["tool"], st["args"]) for st in run_episode(env, ProgramAgent(env.reference)).steps]
+    ways = [lambda t, a: json.dumps({"name": t, "parameters": a}),
+            lambda t, a: "[TOOL_CALLS]" + json.dumps([{"name": t, "arguments": a}]),
+            lambda t, a: "```json\n" + json.dumps({"name": t, "arguments": json.dumps(a)}) + "\n```"]
+
+    def respond(body, n):
+        if n <= len(calls):
+            return 200, _body({"content": ways[n % 3](*calls[n - 1])})
+        return 200, _body({"content": env.reference[0].reply})
+
+    s = scripted(respond)
+    traj = run_episode(env, s.agent())
+    assert [(st["tool"], st["args"]) for st in traj.steps] == calls and all(st["ok"] for st in traj.steps)
+    (grade,) = grade_many(sb, [(env, traj, None)])
+    assert grade.passed, grade.failed_items()
+    sent = s.requests[1]["body"]["messages"][2]
+    assert sent["tool_calls"][0]["id"] == "call_0" and not sent.get("content")  # (sent back in the API's shape)
+
+    offered = frozenset({"mail_search", "crm_update_invoice"})
+    two = [{"name": "mail_search", "parameters": {"query": "x"}}, {"name": "crm_update_invoice", "arguments": {"invoice_id": "i"}}]
+    assert [c["function"]["name"] for c in bare_calls(json.dumps(two), offered)] == ["mail_search", "crm_update_invoice"]
+    for reply in ('{"answer": "15200.00 USD"}', '{"name": "delete_everything", "parameters": {}}',
+                  '{"name": "mail_search", "parameters": {"query": "x"}, "note": "and then?"}', '{"name": "mail_search"}',
+                  'Searching: {"name": "mail_search", "parameters": {"query": "x"}}', "[1, 2]", "The total is 15200.00 USD."):
+        assert bare_calls(reply, offered) is None, reply
+        assert response_message(_body({"content": reply}), tool_names=offered) == {"role": "assistant", "content": reply}
+    cut = response_message(_body({"content": json.dumps(two[0])}, finish="length"), tool_names=offered)
+    assert "tool_calls" not in cut and cut["parse_error"].startswith("truncated")

@@ -5,13 +5,15 @@ Each step POSTs the conversation so far with the environment's ``tools`` and rea
 What the endpoint gets wrong is the agent's mistake, recorded in the trajectory, never a crash: a tool call with
 arguments that are not JSON becomes a failed step (the runner's rule for every agent), a model served without a
 tool-call parser that writes ``<tool_call>{...}</tool_call>`` into its text has those calls read by the same
-parser our student's output goes through, and an endpoint that gives no usable answer after its retries ends
+parser our student's output goes through (a text that is nothing but calls as JSON, Llama's or Mistral's way, is
+read as those calls: :func:`bare_calls`), and an endpoint that gives no usable answer after its retries ends
 that episode as ``agent_error`` with the reason (other episodes of the batch go on). Conversations of a batch
 are sent concurrently (``concurrency`` requests in flight).
 """
 from __future__ import annotations
 
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,9 +64,11 @@ def _call(c: dict[str, Any], i: int) -> dict[str, Any]:
             "function": {"name": fn.get("name") or "", "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
 
 
-def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_calls: bool = True) -> Message:
+def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_calls: bool = True,
+                     tool_names: frozenset[str] = frozenset()) -> Message:
     """The assistant message of a chat-completions response, in the runner's shape. Raises EndpointError when
-    there is none."""
+    there is none. With ``tool_names`` (the offered tools), a content that is nothing but a call of one of them as
+    JSON is that call (see :func:`bare_calls`)."""
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise EndpointError(f"no choices in the response: {json.dumps(body)[:300]}")
@@ -78,11 +82,45 @@ def response_message(body: dict[str, Any], *, id_offset: int = 0, text_tool_call
         content, thought = split_reasoning(content)
         reasoning = thought if thought is not None else reasoning
     seen = {"reasoning": reasoning} if reasoning else {}
-    out = _response_message(choices[0], content, id_offset, text_tool_calls)
+    out = _response_message(choices[0], content, id_offset, text_tool_calls, tool_names)
     return {**out, **seen}
 
 
-def _response_message(choice: dict[str, Any], content: str | None, id_offset: int, text_tool_calls: bool) -> Message:
+_FENCED = re.compile(r"```(?:json)?\s*\n?(.*?)\n?```", re.S)
+
+
+def bare_calls(content: str, tool_names: frozenset[str]) -> list[dict[str, Any]] | None:
+    """The calls a content holds when it is nothing but calls written as JSON, as models served without a tool-call
+    parser write them: ``{"name": ..., "parameters": {...}}`` (Llama 3), ``[TOOL_CALLS][{"name": ..., "arguments":
+    {...}}]`` (Mistral), a list of them, optionally in a ``json`` fence. Every one must name an offered tool and give
+    its arguments as an object; else None (the content is a reply)."""
+    text = content.strip()
+    fenced = _FENCED.fullmatch(text)
+    text = (fenced.group(1) if fenced else text).strip()
+    text = text.removeprefix("[TOOL_CALLS]").strip()
+    if not text.startswith(("{", "[")):
+        return None
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    items = obj if isinstance(obj, list) else [obj]
+    calls = []
+    for c in items:
+        args = c.get("arguments", c.get("parameters")) if isinstance(c, dict) else None
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except (json.JSONDecodeError, RecursionError):
+                return None
+        if not (isinstance(c, dict) and c.get("name") in tool_names and isinstance(args, dict) and set(c) <= {"name", "arguments", "parameters", "type", "id"}):
+            return None
+        calls.append({"type": "function", "function": {"name": c["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+    return calls or None
+
+
+def _response_message(choice: dict[str, Any], content: str | None, id_offset: int, text_tool_calls: bool,
+                      tool_names: frozenset[str]) -> Message:
     msg = choice["message"]
     calls = msg.get("tool_calls")
     if not calls and isinstance(msg.get("function_call"), dict):  # the deprecated single-call field
@@ -98,6 +136,10 @@ def _response_message(choice: dict[str, Any], content: str | None, id_offset: in
     if text_tool_calls and content and TOOL_CALL_OPEN in content:
         parsed = parse_assistant_output(content, truncated=truncated, id_offset=id_offset)
         return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}
+    if text_tool_calls and content and tool_names and not truncated:
+        bare = bare_calls(content, tool_names)
+        if bare is not None:
+            return {"role": "assistant", "content": None, "tool_calls": [{**c, "id": f"call_{id_offset + i}"} for i, c in enumerate(bare)]}
     if truncated:  # the turn ended at the token (or context) limit, not where the model ended it: say so in the transcript
         return {"role": "assistant", "content": content or "", "parse_error": "truncated: the endpoint stopped at its token limit"}
     return {"role": "assistant", "content": content or ""}
@@ -166,7 +208,8 @@ class OpenAIAgent:
                 self.usage["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
                 self.usage["completion_tokens"] += int(usage.get("completion_tokens") or 0)
         earlier = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
-        return response_message(body, id_offset=earlier, text_tool_calls=self.text_tool_calls)
+        offered = frozenset(str((t.get("function") or {}).get("name")) for t in tools if isinstance(t, dict))
+        return response_message(body, id_offset=earlier, text_tool_calls=self.text_tool_calls, tool_names=offered)
 
     def act_batch(self, conversations: Sequence[tuple[Sequence[Message], Sequence[ToolSchema]]]) -> list[Message | Exception]:
         """One message per conversation, or the exception its request ended in (the runner ends that episode
@@ -183,4 +226,4 @@ class OpenAIAgent:
             return list(pool.map(one, conversations))
 
 
-__all__ = ["EndpointError", "OpenAIAgent", "request_messages", "response_message"]
+__all__ = ["EndpointError", "OpenAIAgent", "bare_calls", "request_messages", "response_message"]
