@@ -318,7 +318,7 @@ def test_calls_written_as_bare_json_are_calls_and_other_json_is_a_reply(scripted
 
     offered = frozenset({"mail_search", "crm_update_invoice"})
     two = [{"name": "mail_search", "parameters": {"query": "x"}}, {"name": "crm_update_invoice", "arguments": {"invoice_id": "i"}}]
-    assert [c["function"]["name"] for c in bare_calls(json.dumps(two), offered)] == ["mail_search", "crm_update_invoice"]
+    assert [c["name"] for c in bare_calls(json.dumps(two), offered)] == ["mail_search", "crm_update_invoice"]
     for reply in ('{"answer": "15200.00 USD"}', '{"name": "delete_everything", "parameters": {}}',
                   '{"name": "mail_search", "parameters": {"query": "x"}, "note": "and then?"}', '{"name": "mail_search"}',
                   'Searching: {"name": "mail_search", "parameters": {"query": "x"}}', "[1, 2]", "The total is 15200.00 USD."):

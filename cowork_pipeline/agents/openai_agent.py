@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from cowork_pipeline.agents.base import Message, ToolSchema
-from cowork_pipeline.agents.chat_format import TOOL_CALL_OPEN, parse_assistant_output
+from cowork_pipeline.agents.chat_format import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_assistant_output
 from cowork_pipeline.chat_client import ChatClient, TransportError, message_text, split_reasoning
 
 # What an OpenAI-compatible server accepts per message role (our trajectories carry bookkeeping beside it:
@@ -90,10 +90,11 @@ _FENCED = re.compile(r"```(?:json)?\s*\n?(.*?)\n?```", re.S)
 
 
 def bare_calls(content: str, tool_names: frozenset[str]) -> list[dict[str, Any]] | None:
-    """The calls a content holds when it is nothing but calls written as JSON, as models served without a tool-call
-    parser write them: ``{"name": ..., "parameters": {...}}`` (Llama 3), ``[TOOL_CALLS][{"name": ..., "arguments":
-    {...}}]`` (Mistral), a list of them, optionally in a ``json`` fence. Every one must name an offered tool and give
-    its arguments as an object; else None (the content is a reply)."""
+    """The calls (``{"name", "arguments"}``) a content holds when it is nothing but calls written as JSON, as models
+    served without a tool-call parser write them: ``{"name": ..., "parameters": {...}}`` (Llama 3),
+    ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` (Mistral), a list of them, optionally in a ``json`` fence.
+    Every one must name an offered tool and have nothing but its arguments beside it; else None (the content is a
+    reply). The arguments are checked where ``<tool_call>`` blocks are (:func:`parse_assistant_output`)."""
     text = content.strip()
     fenced = _FENCED.fullmatch(text)
     text = (fenced.group(1) if fenced else text).strip()
@@ -107,15 +108,10 @@ def bare_calls(content: str, tool_names: frozenset[str]) -> list[dict[str, Any]]
     items = obj if isinstance(obj, list) else [obj]
     calls = []
     for c in items:
-        args = c.get("arguments", c.get("parameters")) if isinstance(c, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except (json.JSONDecodeError, RecursionError):
-                return None
-        if not (isinstance(c, dict) and c.get("name") in tool_names and isinstance(args, dict) and set(c) <= {"name", "arguments", "parameters", "type", "id"}):
+        if not (isinstance(c, dict) and c.get("name") in tool_names and set(c) <= {"name", "arguments", "parameters", "type", "id"}
+                and len({"arguments", "parameters"} & set(c)) == 1):
             return None
-        calls.append({"type": "function", "function": {"name": c["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+        calls.append({"name": c["name"], "arguments": c.get("arguments", c.get("parameters"))})
     return calls or None
 
 
@@ -138,8 +134,10 @@ def _response_message(choice: dict[str, Any], content: str | None, id_offset: in
         return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}
     if text_tool_calls and content and tool_names and not truncated:
         bare = bare_calls(content, tool_names)
-        if bare is not None:
-            return {"role": "assistant", "content": None, "tool_calls": [{**c, "id": f"call_{id_offset + i}"} for i, c in enumerate(bare)]}
+        if bare is not None:  # (read as the same calls in <tool_call> blocks would be)
+            blocks = "".join(f"{TOOL_CALL_OPEN}{json.dumps(c, ensure_ascii=False)}{TOOL_CALL_CLOSE}" for c in bare)
+            parsed = parse_assistant_output(blocks, id_offset=id_offset)
+            return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}
     if truncated:  # the turn ended at the token (or context) limit, not where the model ended it: say so in the transcript
         return {"role": "assistant", "content": content or "", "parse_error": "truncated: the endpoint stopped at its token limit"}
     return {"role": "assistant", "content": content or ""}
