@@ -129,15 +129,13 @@ def _response_message(choice: dict[str, Any], content: str | None, id_offset: in
                 "tool_calls": [_call({**c, "id": (c.get("id") if isinstance(c, dict) else None) or f"call_{id_offset + i}"}, i)
                                if isinstance(c, dict) else c for i, c in enumerate(calls)]}
     truncated = choice.get("finish_reason") == "length"
-    if text_tool_calls and content and TOOL_CALL_OPEN in content:
-        parsed = parse_assistant_output(content, truncated=truncated, id_offset=id_offset)
+    text = content if text_tool_calls and content and TOOL_CALL_OPEN in content else None
+    if text is None and text_tool_calls and content and tool_names and not truncated:
+        bare = bare_calls(content, tool_names)  # (read as the same calls in <tool_call> blocks would be)
+        text = None if bare is None else "".join(f"{TOOL_CALL_OPEN}{json.dumps(c, ensure_ascii=False)}{TOOL_CALL_CLOSE}" for c in bare)
+    if text is not None:
+        parsed = parse_assistant_output(text, truncated=truncated, id_offset=id_offset)
         return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}
-    if text_tool_calls and content and tool_names and not truncated:
-        bare = bare_calls(content, tool_names)
-        if bare is not None:  # (read as the same calls in <tool_call> blocks would be)
-            blocks = "".join(f"{TOOL_CALL_OPEN}{json.dumps(c, ensure_ascii=False)}{TOOL_CALL_CLOSE}" for c in bare)
-            parsed = parse_assistant_output(blocks, id_offset=id_offset)
-            return {"role": "assistant", **{k: v for k, v in parsed.items() if k != "role"}}
     if truncated:  # the turn ended at the token (or context) limit, not where the model ended it: say so in the transcript
         return {"role": "assistant", "content": content or "", "parse_error": "truncated: the endpoint stopped at its token limit"}
     return {"role": "assistant", "content": content or ""}
