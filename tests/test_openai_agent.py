@@ -291,9 +291,9 @@ def test_a_reasoning_model_s_thoughts_are_neither_its_reply_nor_its_calls(script
 
 def test_calls_written_as_bare_json_are_calls_and_other_json_is_a_reply(scripted, sb):
     """Llama 3 or Mistral behind an endpoint without a tool-call parser write their calls as the whole text:
-    ``{"name": ..., "parameters": {...}}``, ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``, in a json fence, the
-    arguments as a JSON string. Each is the call (the trial passes its grading); JSON that is not a call of an offered
-    tool stays the reply."""
+    ``{"name": ..., "parameters": {...}}`` (after ``<|python_tag|>`` too), ``[TOOL_CALLS][{"name": ..., "arguments":
+    {...}}]``, in a json fence, the arguments as a JSON string, or in the API's own shape, which a model imitates.
+    Each is the call (the trial passes its grading); JSON that is not a call of an offered tool stays the reply."""
     from cowork_pipeline.agents.openai_agent import bare_calls, response_message
     from cowork_pipeline.validation.grader import grade_many
 
@@ -301,11 +301,14 @@ def test_calls_written_as_bare_json_are_calls_and_other_json_is_a_reply(scripted
     calls = [(st["tool"], st["args"]) for st in run_episode(env, ProgramAgent(env.reference)).steps]
     ways = [lambda t, a: json.dumps({"name": t, "parameters": a}),
             lambda t, a: "[TOOL_CALLS]" + json.dumps([{"name": t, "arguments": a}]),
-            lambda t, a: "```json\n" + json.dumps({"name": t, "arguments": json.dumps(a)}) + "\n```"]
+            lambda t, a: "```json\n" + json.dumps({"name": t, "arguments": json.dumps(a)}) + "\n```",
+            lambda t, a: "<|python_tag|>" + json.dumps({"name": t, "parameters": a}),
+            lambda t, a: json.dumps({"type": "function", "function": {"name": t, "arguments": json.dumps(a)}}),
+            lambda t, a: json.dumps({"tool_calls": [{"id": "x", "type": "function", "function": {"name": t, "arguments": a}}]})]
 
     def respond(body, n):
         if n <= len(calls):
-            return 200, _body({"content": ways[n % 3](*calls[n - 1])})
+            return 200, _body({"content": ways[n % len(ways)](*calls[n - 1])})
         return 200, _body({"content": env.reference[0].reply})
 
     s = scripted(respond)
@@ -318,8 +321,11 @@ def test_calls_written_as_bare_json_are_calls_and_other_json_is_a_reply(scripted
 
     offered = frozenset({"mail_search", "crm_update_invoice"})
     two = [{"name": "mail_search", "parameters": {"query": "x"}}, {"name": "crm_update_invoice", "arguments": {"invoice_id": "i"}}]
-    assert [c["name"] for c in bare_calls(json.dumps(two), offered)] == ["mail_search", "crm_update_invoice"]
+    for both in (json.dumps(two), "; ".join(map(json.dumps, two)), "\n".join(map(json.dumps, two))):
+        assert [c["name"] for c in bare_calls(both, offered)] == ["mail_search", "crm_update_invoice"], both
     for reply in ('{"answer": "15200.00 USD"}', '{"name": "delete_everything", "parameters": {}}',
+                  json.dumps(two[0]) + " and then the invoice", '{"tool_calls": [], "content": "Done."}',
+                  '{"function": {"name": "mail_search", "arguments": {}}, "why": "to find it"}',
                   '{"name": "mail_search", "parameters": {"query": "x"}, "note": "and then?"}', '{"name": "mail_search"}',
                   'Searching: {"name": "mail_search", "parameters": {"query": "x"}}', "[1, 2]", "The total is 15200.00 USD."):
         assert bare_calls(reply, offered) is None, reply

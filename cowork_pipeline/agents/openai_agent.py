@@ -5,10 +5,10 @@ Each step POSTs the conversation so far with the environment's ``tools`` and rea
 What the endpoint gets wrong is the agent's mistake, recorded in the trajectory, never a crash: a tool call with
 arguments that are not JSON becomes a failed step (the runner's rule for every agent), a model served without a
 tool-call parser that writes ``<tool_call>{...}</tool_call>`` into its text has those calls read by the same
-parser our student's output goes through (a text that is nothing but calls as JSON, Llama's or Mistral's way, is
-read as those calls: :func:`bare_calls`), and an endpoint that gives no usable answer after its retries ends
-that episode as ``agent_error`` with the reason (other episodes of the batch go on). Conversations of a batch
-are sent concurrently (``concurrency`` requests in flight).
+parser our student's output goes through (a text that is nothing but calls as JSON, Llama's or Mistral's way or
+the API's own shape, is read as those calls: :func:`bare_calls`), and an endpoint that gives no usable answer after
+its retries ends that episode as ``agent_error`` with the reason (other episodes of the batch go on). Conversations
+of a batch are sent concurrently (``concurrency`` requests in flight).
 """
 from __future__ import annotations
 
@@ -91,28 +91,42 @@ _FENCED = re.compile(r"```(?:json)?\s*\n?(.*?)\n?```", re.S)
 
 def bare_calls(content: str, tool_names: frozenset[str]) -> list[dict[str, Any]] | None:
     """The calls (``{"name", "arguments"}``) a content holds when it is nothing but calls written as JSON, as models
-    served without a tool-call parser write them: ``{"name": ..., "parameters": {...}}`` (Llama 3),
-    ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` (Mistral), a list of them, optionally in a ``json`` fence.
-    Every one must name an offered tool and have nothing but its arguments beside it; else None (the content is a
-    reply). The arguments are checked where ``<tool_call>`` blocks are (:func:`parse_assistant_output`)."""
+    served without a tool-call parser write them: ``{"name": ..., "parameters": {...}}`` (Llama 3, after its
+    ``<|python_tag|>`` too, several joined by ``;``), ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` (Mistral),
+    the API's own shape (``{"type": "function", "function": {...}}``, or a ``{"tool_calls": [...]}`` wrapping them),
+    a list of them, optionally in a ``json`` fence. Every one must name an offered tool and have nothing but its
+    arguments beside it; else None (the content is a reply). The arguments are checked where ``<tool_call>`` blocks
+    are (:func:`parse_assistant_output`)."""
     text = content.strip()
     fenced = _FENCED.fullmatch(text)
     text = (fenced.group(1) if fenced else text).strip()
-    text = text.removeprefix("[TOOL_CALLS]").strip()
-    if not text.startswith(("{", "[")):
-        return None
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    items = obj if isinstance(obj, list) else [obj]
+    text = text.removeprefix("[TOOL_CALLS]").removeprefix("<|python_tag|>").strip()
+    items: list[Any] = []
+    decoder, at = json.JSONDecoder(), 0
+    while at < len(text):  # one JSON value, or several joined by ";" or new lines (Llama's parallel calls)
+        if text[at] not in "{[":
+            return None
+        try:
+            obj, at = decoder.raw_decode(text, at)
+        except (json.JSONDecodeError, RecursionError):
+            return None
+        if isinstance(obj, dict) and set(obj) == {"tool_calls"}:
+            obj = obj["tool_calls"]
+        items += obj if isinstance(obj, list) else [obj]
+        sep = _BETWEEN_CALLS.match(text, at)
+        at = sep.end() if sep else at
     calls = []
     for c in items:
+        if isinstance(c, dict) and isinstance(c.get("function"), dict) and set(c) <= {"function", "type", "id"}:
+            c = c["function"]  # the API's shape, as a model that has seen it in its context imitates it
         if not (isinstance(c, dict) and c.get("name") in tool_names and set(c) <= {"name", "arguments", "parameters", "type", "id"}
                 and len({"arguments", "parameters"} & set(c)) == 1):
             return None
         calls.append({"name": c["name"], "arguments": c.get("arguments", c.get("parameters"))})
     return calls or None
+
+
+_BETWEEN_CALLS = re.compile(r"\s*;?\s*")
 
 
 def _response_message(choice: dict[str, Any], content: str | None, id_offset: int, text_tool_calls: bool,
