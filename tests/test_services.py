@@ -580,6 +580,26 @@ def test_error_messages_name_the_problem() -> None:
                                                                      "attendees": [], "timezone": "Europe"}).error["message"]
 
 
+def test_an_address_as_mail_clients_write_it_is_refused_with_the_address_to_pass() -> None:
+    """Models write recipients as mail clients show them: with a display name, in brackets, as a mailto: link, several
+    in one string, or one address without its list. None is an address (each would reach nobody, or read as an outside
+    domain); the error says what to pass instead, so the retry can be right, and nothing is sent."""
+    ws = new_ws()
+    sent_before = len(ws.state()["mail.messages"])
+    for to, fix in [(["Bob Stone <Bob@Globex.example>"], "(pass 'Bob@Globex.example' alone)"),
+                    ([f"<{BOB}>"], f"(pass '{BOB}' alone)"), ([f"mailto:{BOB}"], f"(pass '{BOB}' alone)"),
+                    ([f"{BOB}, {CAROL}"], f'(one address per item: ["{BOB}", "{CAROL}"])'),
+                    ([f"{BOB}; Carol <{CAROL}>"], f'(one address per item: ["{BOB}", "{CAROL}"])'),
+                    ([f"{BOB}."], f"(pass '{BOB}' alone)"), (BOB, f'(a list even for one: ["{BOB}"])')]:
+        res = ws.call("mail_send", {"to": to, "subject": "s", "body": "b"})
+        assert res.error["type"] == "invalid_arguments" and res.error["message"].endswith(fix), (to, res.error)
+    for to in (["Bob Stone"], ["bob@globex"]):
+        msg = ws.call("mail_send", {"to": to, "subject": "s", "body": "b"}).error["message"]
+        assert "must be an email address string, the address alone (name@example.com)" in msg and "(pass" not in msg, msg
+    assert len(ws.state()["mail.messages"]) == sent_before
+    assert ws.call("mail_send", {"to": ["o'neil.ana+q3@sub.globex-eu.example"], "subject": "s", "body": "b"}).ok
+
+
 def test_addresses_are_case_insensitive() -> None:
     """An address written in any case reaches the same person and is stored in lower case (as the
     world's records are), so checkers and searches see one spelling; the caller's arguments are kept."""

@@ -8,6 +8,7 @@ every episode step (target: a few microseconds per call).
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": 
 # ASCII digits and \Z (not $, which also matches before a trailing newline).
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\Z")
 _DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2})?([+-][0-9]{2}:[0-9]{2}|Z)?\Z")
-_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+\Z")
+# an address as the world's records write one (no display name, brackets or mailto:, which mail clients add around it)
+_EMAIL = re.compile(r"[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+\Z")
 FORMATS = {"date": _DATE, "date-time": _DATETIME, "email": _EMAIL}
 
 
@@ -160,7 +162,8 @@ def _check_value(tool: str, p: Param, value: Any) -> None:
     t = p.type
     if t.startswith("array["):
         if not isinstance(value, list):
-            raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be an array, got {_jtype(value)}")
+            one = f" (a list even for one: [{json.dumps(value, ensure_ascii=False)}])" if value.__class__ in (str, int, float) else ""
+            raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be an array, got {_jtype(value)}{one}")
         item = t[6:-1]
         for v in value:
             _check_scalar(tool, p, item, v)
@@ -182,7 +185,25 @@ def _check_scalar(tool: str, p: Param, t: str, v: Any) -> None:
     if t == "number" and isinstance(v, float) and not math.isfinite(v):  # NaN/Infinity are not JSON numbers
         raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be a finite number, got {v!r}")
     if p.format is not None and t == "string" and not _format_ok(p.format, v):
-        raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be a {p.format} string, got {v!r}")
+        raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be {_FORMAT_SHAPES[p.format]}, got {v!r}{_format_hint(p.format, v)}")
+
+
+# what each format looks like, said in the error a model reads (so its retry can be right)
+_FORMAT_SHAPES = {"date": "a date string, YYYY-MM-DD (2026-03-05)",
+                  "date-time": "a date-time string, ISO 8601 (2026-03-05T14:00:00Z, or with an offset: +01:00)",
+                  "email": "an email address string, the address alone (name@example.com)"}
+_ADDRESS_IN = re.compile(_EMAIL.pattern.removesuffix(r"\Z"))  # the addresses a string holds, whatever is around them
+
+
+def _format_hint(fmt: str, v: str) -> str:
+    # addresses written as mail clients show them ("Ana Ruiz <ana@x.example>", mailto:, several in one string):
+    # say what to pass instead
+    if fmt != "email":
+        return ""
+    found = _ADDRESS_IN.findall(v)
+    if len(found) > 1:
+        return f" (one address per item: {json.dumps(found)})"
+    return f" (pass {found[0]!r} alone)" if found and found[0] != v else ""
 
 
 def _jtype(v: Any) -> str:
