@@ -94,6 +94,57 @@ def test_tool_call_round_trip_with_openai_client(stub_server):
     assert sent_messages[1]["tool_calls"][0]["function"]["name"] == "mail_send" and sent_tools == [MAIL_SEND]
 
 
+def test_streamed_answers_are_the_answers(stub_server):
+    """`stream: true` (what agent frameworks and the OpenAI SDK's streaming helpers send) gets the same answer as
+    server-sent chat.completion.chunk events ending in [DONE]: the SDK rebuilds the same tool call and reply, and
+    `stream_options.include_usage` adds the usage chunk."""
+    base, _ = stub_server
+    asked = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Update the team."}]
+    whole = client(base).chat.completions.create(model="stub", messages=asked, tools=[MAIL_SEND])
+    chunks = list(client(base).chat.completions.create(model="stub", messages=asked, tools=[MAIL_SEND], stream=True,
+                                                       stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks[:-1]][-1] == "tool_calls" and not chunks[-1].choices
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens and all(c.usage is None for c in chunks[:-1])
+    (call,) = [t for c in chunks[:-1] for t in c.choices[0].delta.tool_calls or []]
+    want = whole.choices[0].message.tool_calls[0]
+    assert (call.index, call.id, call.function.name, call.function.arguments) == \
+           (0, want.id, want.function.name, want.function.arguments)
+
+    with client(base).chat.completions.stream(model="stub", messages=asked + [
+            whole.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": want.id, "content": '{"status": "sent"}'}], tools=[MAIL_SEND]) as events:
+        final = events.get_final_completion()  # (the SDK's helper: it accumulates the deltas itself)
+    assert final.choices[0].message.content == 'echo: {"status": "sent"}' and final.choices[0].finish_reason == "stop"
+
+    req = urllib.request.Request(base + "/v1/chat/completions", method="POST", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = [e for e in resp.read().decode().split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    assert "".join(json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == "echo: hi"
+
+
+def test_stop_sequences_end_the_answer_where_they_start(stub_server):
+    """`stop` cuts the reply at the first stop sequence, streamed or not, as generation ending there would; the
+    calls written after it are not made."""
+    base, _ = stub_server
+    asked = [{"role": "user", "content": "Status: done. Next: nothing"}]
+    cut = client(base).chat.completions.create(model="stub", messages=asked, stop=["Next:", "nothing"])
+    assert cut.choices[0].message.content == "echo: Status: done. " and cut.choices[0].finish_reason == "stop"
+    streamed = list(client(base).chat.completions.create(model="stub", messages=asked, stop="done", stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == "echo: Status: "
+    whole = client(base).chat.completions.create(model="stub", messages=asked, stop="absent")
+    assert whole.choices[0].message.content == "echo: Status: done. Next: nothing"
+    from cowork_pipeline.serving.server import _stopped
+
+    said = assistant_message("Sending it now. DONE", [tool_call("call_0", "mail_send", ARGS)])
+    assert _stopped(said, "tool_calls", ["DONE"]) == ({"role": "assistant", "content": "Sending it now. "}, "stop")
+    assert _stopped(said, "tool_calls", ["absent"]) == (said, "tool_calls")
+
+
 def test_models_endpoint(stub_server):
     base, _ = stub_server
     models = client(base).models.list()
@@ -110,7 +161,11 @@ def test_models_endpoint(stub_server):
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), "temperature"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), "max_tokens"),
         (json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), "messages[0].tool_call_id"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode(), "stream"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), "stream"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}).encode(),
+         "stream_options"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}).encode(), "stop"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": [""]}).encode(), "stop"),
     ],
 )
 def test_bad_requests_get_openai_style_400(stub_server, payload, param):

@@ -1,6 +1,7 @@
 """Minimal OpenAI-compatible chat-completions server (starlette + uvicorn).
 
-``POST /v1/chat/completions`` and ``GET /v1/models``. Any ``Agent`` can be served; agents exposing
+``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage`` and ``stop``) and ``GET /v1/models``.
+Any ``Agent`` can be served; agents exposing
 ``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``) honour per-request
 sampling settings and report token usage, other agents are called through ``act``. Requests are served one at a
 time, except that greedy requests arriving together are generated as one batch (the agent's batched, KV-cached
@@ -21,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from cowork_pipeline.agents.base import Agent
@@ -49,8 +50,9 @@ def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | Non
     return float(value)
 
 
-def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """Return (messages, tools, generation options) or raise BadRequest."""
+def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Return (messages, tools, generation options, how the answer is delivered: stream, usage chunk, stop
+    sequences) or raise BadRequest."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     messages = body.get("messages")
@@ -81,8 +83,17 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         tools = []
     elif tool_choice not in (None, "auto"):
         raise BadRequest("only tool_choice 'auto' and 'none' are supported", "tool_choice")
-    if body.get("stream"):
-        raise BadRequest("streaming is not supported", "stream")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", "stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
+        raise BadRequest("'stream_options' is an object, and only allowed when 'stream' is true", "stream_options")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and x for x in stop)):
+        raise BadRequest("'stop' must be a non-empty string or an array of up to 4 of them", "stop")
     if body.get("n", 1) != 1:
         raise BadRequest("only n=1 is supported", "n")
 
@@ -103,7 +114,8 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise BadRequest("'seed' must be an integer", "seed")
         opts["seed"] = seed
-    return messages, tools, opts
+    delivery = {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or []}
+    return messages, tools, opts, delivery
 
 
 def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int) -> tuple[dict[str, Any], str, dict[str, int]]:
@@ -114,6 +126,37 @@ def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion
         finish = "length" if finish == "context_overflow" else "stop"
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return message, finish, usage
+
+
+def _stopped(message: dict[str, Any], finish: str, stop: list[str]) -> tuple[dict[str, Any], str]:
+    """``message`` as if generation had ended at the first stop sequence in its text: the text before it, finish
+    "stop", and no tool calls (they come after the text, so the model would not have written them)."""
+    text = message.get("content")
+    cuts = [i for i in (text.find(x) for x in stop) if i >= 0] if isinstance(text, str) else []
+    if not cuts:
+        return message, finish
+    return {k: v for k, v in message.items() if k not in ("tool_calls", "parse_error")} | {"content": text[:min(cuts)]}, "stop"
+
+
+def _chunks(head: dict[str, Any], message: dict[str, Any], finish: str, usage: dict[str, int], usage_chunk: bool):
+    """The answer as chat.completion.chunk events (server-sent events, then ``[DONE]``): the role, the text, each
+    tool call whole (index, id, name and arguments in one delta), the finish reason, and with
+    ``stream_options.include_usage`` a last chunk with the usage and no choices (earlier chunks carry usage null)."""
+    extra = {"usage": None} if usage_chunk else {}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        return f"data: {json.dumps({**head, 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    if message.get("content"):
+        yield chunk({"content": message["content"]})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        yield chunk({"tool_calls": [{"index": i, **call}]})
+    yield chunk({}, finish)
+    if usage_chunk:
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 class _Batcher:
@@ -187,28 +230,26 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _error(400, f"request body is not valid JSON: {exc}")
         try:
-            messages, tools, opts = _validate(body)
+            messages, tools, opts, delivery = _validate(body)
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
         try:
             message, finish, usage = await run_in_threadpool(batcher.run, messages, tools, opts)
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}", err_type="server_error")
+        message, finish = _stopped(message, finish, delivery["stop"])
         out_msg: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         if message.get("tool_calls"):
             out_msg["tool_calls"] = message["tool_calls"]
         if message.get("parse_error"):
             out_msg["parse_error"] = message["parse_error"]  # non-standard; clients ignore unknown fields
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or name,
-                "choices": [{"index": 0, "message": out_msg, "finish_reason": finish, "logprobs": None}],
-                "usage": usage,
-            }
-        )
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model") or name}
+        if delivery["stream"]:  # (generated whole, as a batch; then sent as the events a streaming client reads)
+            events = _chunks({**head, "object": "chat.completion.chunk"}, out_msg, finish, usage, delivery["usage_chunk"])
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return JSONResponse({**head, "object": "chat.completion",
+                             "choices": [{"index": 0, "message": out_msg, "finish_reason": finish, "logprobs": None}],
+                             "usage": usage})
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse(
