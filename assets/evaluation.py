@@ -82,6 +82,8 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                                    keep_others=agents.keeps_earlier)
     for _, a in endpoints:
         context.log.info(f"{a.name} ({a.model} at {a.client.base_url}): {a.usage['requests']} requests ({a.usage['cached']} replayed)")
+        for field, how in a.client.adapted.items():  # (a reasoning model that takes only its own temperature, ...)
+            context.log.warning(f"{a.name}: the endpoint refused '{field}', {how}")
     scored = result
 
     def publish() -> tuple[Scoring, dg.MaterializeResult, dg.AssetCheckResult, str]:
@@ -109,7 +111,8 @@ def benchmark_scores(context: AssetExecutionContext, lake: LakeResource, profile
                          "report_path": report_path,
                          "plot": _plot(table), "heldout_environments": len(envs), "benchmark_key": result.benchmark_key,
                          "scored": result.scored, "kept": dg.MetadataValue.json(result.kept),
-                         "endpoints": [{"agent": a.name, "model": a.model, "base_url": a.client.base_url, **a.usage} for _, a in endpoints]})
+                         "endpoints": [{"agent": a.name, "model": a.model, "base_url": a.client.base_url, **a.usage,
+                                        "adapted": a.client.adapted} for _, a in endpoints]})
     yield mat
     yield check
 

@@ -2,8 +2,10 @@
 
 Standard library only. Bounded retries with exponential backoff and jitter on connection errors, timeouts,
 429 and 5xx (``Retry-After`` honoured); other statuses fail at once with the server's own error message. A
-field the caller marks optional (``response_format``: a server without JSON mode) is dropped and the request
-sent again, free, when a 400 names it. Loopback endpoints bypass any HTTP(S)_PROXY of the environment. With a
+field the caller marks optional (``response_format``: a server without JSON mode; a sampling setting a reasoning
+model refuses) is dropped and the request sent again, free, when a 400 names it, and ``max_tokens`` is sent as
+``max_completion_tokens`` when a 400 asks for that; the client remembers both for its later requests and says so
+in :attr:`ChatClient.adapted`. Loopback endpoints bypass any HTTP(S)_PROXY of the environment. With a
 :class:`ResponseCache`, a request answered before is answered from disk.
 """
 from __future__ import annotations
@@ -27,6 +29,9 @@ from typing import Any, Sequence
 from cowork_pipeline.spec import canonical_json
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+# A setting an endpoint refuses under one name and takes under another (OpenAI's reasoning models: "Use
+# 'max_completion_tokens' instead"): sent again under the new name when a 400 names the old one
+RENAMED = {"max_tokens": "max_completion_tokens"}
 
 
 class TransportError(RuntimeError):
@@ -98,6 +103,15 @@ class ChatClient:
         self.cache = ResponseCache(cache_dir) if cache_dir else None
         handlers = [urllib.request.ProxyHandler({})] if is_loopback(self.url) else []
         self._opener = urllib.request.build_opener(*handlers)
+        # what this endpoint refused, learnt from its 400s: field -> (the name it is sent under, None: left out; the
+        # endpoint's words); later requests are sent so at once instead of paying for the same 400 each time
+        self._adapted: dict[str, tuple[str | None, str]] = {}
+
+    @property
+    def adapted(self) -> dict[str, str]:
+        """What requests to this endpoint left out or renamed, and the endpoint's words for why (for the record:
+        an answer sampled at the model's own temperature is not one at the temperature asked for)."""
+        return {f: (f"sent as {to}" if to else "left out") + f": {why}" for f, (to, why) in sorted(self._adapted.items())}
 
     def post(self, payload: dict[str, Any], *, optional: Sequence[str] = ()) -> tuple[dict[str, Any], int]:
         """The answer to ``payload`` and the number of requests it took (0: from the response cache).
@@ -117,6 +131,11 @@ class ChatClient:
 
     def send(self, payload: dict[str, Any], *, optional: Sequence[str] = ()) -> tuple[dict[str, Any], int]:
         payload = dict(payload)
+        for f, (to, _why) in list(self._adapted.items()):
+            if f in payload:
+                value = payload.pop(f)
+                if to:
+                    payload[to] = value
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -142,11 +161,15 @@ class ChatClient:
             except urllib.error.HTTPError as e:
                 text = read_error(e)
                 last = f"HTTP {e.code} from {self.url}: {text}"
-                named = [f for f in optional if f in payload and f not in dropped and f in text]
+                named = {f: None for f in optional if f in payload and f not in dropped and _names(text, f)}
+                named |= {f: to for f, to in RENAMED.items() if f in payload and f not in dropped and _names(text, f) and _names(text, to)}
                 if e.code == 400 and named:
-                    for f in named:  # a server without this feature: ask again without it (free)
-                        payload.pop(f)
+                    for f, to in named.items():  # a server without this feature or setting: ask again without it (free)
+                        value = payload.pop(f)
+                        if to:
+                            payload[to] = value
                         dropped.add(f)
+                        self._adapted[f] = (to, text[:200])
                     continue
                 if e.code not in RETRY_STATUS:
                     raise TransportError(f"{last} (not retried)", attempts) from None
@@ -160,6 +183,11 @@ class ChatClient:
             wait = min(self.max_backoff_s, delay) if delay is not None else wait * (0.5 + random.random() / 2)
             retry += 1
             time.sleep(max(0.0, wait))
+
+
+def _names(text: str, field: str) -> bool:
+    # whether an error message names a request field (as a word: 'max_tokens' is not in 'max_completion_tokens')
+    return re.search(rf"(?<![\w.]){re.escape(field)}(?![\w])", text) is not None
 
 
 _REASONING_OPEN = re.compile(r"\s*<(think|thinking|reasoning)>")

@@ -320,6 +320,23 @@ def test_server_without_json_mode(llm, cap, good_doc):
     assert "response_format" in llm.requests[0]["body"] and "response_format" not in llm.requests[1]["body"]
 
 
+def test_a_reasoning_model_drafts_at_its_own_temperature_and_the_draft_says_so(llm, cap, good_doc):
+    """A reasoning model behind OpenAI's API refuses temperature and max_tokens: the generator asks again without the
+    one and with max_completion_tokens for the other, drafts, and records in the draft's knobs what the request left
+    out; its next draft pays no 400."""
+    llm.script(error(400, "Unsupported value: 'temperature' does not support 0.2 with this model. Only the default (1) value is supported."),
+               error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."),
+               completion(json.dumps(good_doc)), completion(json.dumps(good_doc)))
+    b = llm.backend(temperature=0.2, max_tokens=9000)
+    first, second = b.draft(cap, 3), b.draft(cap, 4)
+    assert first.spec is not None and second.spec is not None, first.parse_diagnostics
+    assert len(llm.requests) == 4 and first.cost["http_attempts"] == 3 and second.cost["http_attempts"] == 1
+    sent = llm.requests[-1]["body"]
+    assert "temperature" not in sent and "max_tokens" not in sent and sent["max_completion_tokens"] == 9000
+    assert first.knobs["temperature"] == 0.2 and set(first.knobs["endpoint_adapted"]) == {"temperature", "max_tokens"}
+    assert first.knobs["endpoint_adapted"]["max_tokens"].startswith("sent as max_completion_tokens: Unsupported parameter")
+
+
 def test_connection_refused_is_a_diagnostic(cap):
     s = ScriptedLLM()
     b = s.backend(max_retries=1)

@@ -15,6 +15,7 @@ from _servers import running
 from cowork_pipeline.agents.openai_agent import OpenAIAgent, request_messages
 from cowork_pipeline.agents.program import ProgramAgent
 from cowork_pipeline.capabilities import load_catalog
+from cowork_pipeline.chat_client import TransportError
 from cowork_pipeline.evaluation import evaluate
 from cowork_pipeline.runner import run_episode, run_episodes
 from cowork_pipeline.serving.server import make_app
@@ -332,3 +333,45 @@ def test_calls_written_as_bare_json_are_calls_and_other_json_is_a_reply(scripted
         assert response_message(_body({"content": reply}), tool_names=offered) == {"role": "assistant", "content": reply}
     cut = response_message(_body({"content": json.dumps(two[0])}, finish="length"), tool_names=offered)
     assert "tool_calls" not in cut and cut["parse_error"].startswith("truncated")
+
+
+def test_a_reasoning_model_s_refused_settings_are_left_out_or_renamed_once_and_recorded(scripted, sb):
+    """OpenAI's reasoning models refuse a temperature but their own, top_p, and max_tokens ("Use
+    'max_completion_tokens' instead"), one 400 at a time. Each refused setting is left out (or renamed) and the
+    request sent again; the client remembers, so later steps pay no 400, and says what it changed. The trial is
+    scored as any other (it passes its grading); a 400 for anything else still ends the episode."""
+    from cowork_pipeline.validation.grader import grade_many
+
+    env = _env("invoice_reconcile")
+    calls = [(st["tool"], st["args"]) for st in run_episode(env, ProgramAgent(env.reference)).steps]
+    refusals = {"temperature": "Unsupported value: 'temperature' does not support 0.0 with this model. Only the default (1) value is supported.",
+                "top_p": "Unsupported parameter: 'top_p' is not supported with this model.",
+                "max_tokens": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."}
+    answered: list[dict[str, Any]] = []
+
+    def respond(body, n):
+        for field, message in refusals.items():
+            if field in body:
+                return 400, {"error": {"message": message, "type": "invalid_request_error", "param": field, "code": None}}
+        answered.append(body)
+        if len(answered) <= len(calls):
+            tool, args = calls[len(answered) - 1]
+            return 200, _body({"content": None, "tool_calls": [{"id": f"c{n}", "type": "function",
+                                                                "function": {"name": tool, "arguments": json.dumps(args)}}]})
+        return 200, _body({"content": env.reference[0].reply})
+
+    s = scripted(respond)
+    agent = s.agent(top_p=0.9, max_tokens=2048)
+    traj = run_episode(env, agent)
+    (grade,) = grade_many(sb, [(env, traj, None)])
+    assert grade.passed, grade.failed_items()
+    assert len(s.requests) == len(answered) + 3  # the three refusals, once
+    assert all(b["max_completion_tokens"] == 2048 and b["seed"] == 0 and not set(refusals) & set(b) for b in answered)
+    assert {f: how.split(":")[0] for f, how in agent.client.adapted.items()} == \
+           {"max_tokens": "sent as max_completion_tokens", "temperature": "left out", "top_p": "left out"}
+    assert "Only the default (1) value is supported" in agent.client.adapted["temperature"]
+
+    other = scripted(lambda body, n: (400, {"error": {"message": "'messages' must not be empty", "param": "messages"}}))
+    with pytest.raises(TransportError, match="not retried"):
+        other.agent(max_tokens=64).act([{"role": "user", "content": "hi"}], [])
+    assert len(other.requests) == 1

@@ -537,7 +537,7 @@ def test_cowork_eval_scores_an_endpoint_beside_the_students(smoke_run, capsys):
     assert meta["scored"].value == ["endpoint:perfect-model"]
     assert meta["kept"].value == {a: first_run for a in sorted(set(before["agent"]))} != {}
     assert _trials(scores.filter(pl.col("agent") != "endpoint:perfect-model")) == _trials(before)
-    assert endpoint["model"] == "oracle" and endpoint["requests"] == endpoint["http_attempts"] > 0
+    assert endpoint["model"] == "oracle" and endpoint["requests"] == endpoint["http_attempts"] > 0 and endpoint["adapted"] == {}
     assert "### endpoint:perfect-model\n\nNo failed trial." in meta["report"].value
     row = mine.row(0, named=True)
     tree = trace(lake, score_id(row["run_id"], row["checkpoint_id"], row["env_id"], row["trial"]))

@@ -203,7 +203,7 @@ class OpenAIAgent:
 
     def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> Message:
         try:
-            body, attempts = self.client.post(self.payload(messages, tools), optional=("seed", "tool_choice"))
+            body, attempts = self.client.post(self.payload(messages, tools), optional=("seed", "tool_choice", "temperature", "top_p"))
         except TransportError as e:
             with self._lock:
                 self.usage["requests"] += 1

@@ -473,6 +473,8 @@ class LLMBackend:
         content, finish, usage = _read_choice(body)
         knobs["response"] = {"id": body.get("id"), "model": body.get("model"), "finish_reason": finish, "usage": usage}
         knobs["cache_hit"] = cached = http_attempts == 0
+        if self.client.adapted:  # the request as the endpoint took it (a reasoning model's own temperature, ...)
+            knobs["endpoint_adapted"] = self.client.adapted
         spec, diags, dropped = parse_spec(content, cap, seed, attempt=attempt, model=self.model, prompt_version=template.name)
         if dropped:
             knobs["dropped_fields"] = dropped
@@ -500,7 +502,7 @@ class LLMBackend:
             payload["response_format"] = {"type": "json_object"}
         if self.max_tokens:
             payload["max_tokens"] = self.max_tokens
-        return self.client.post(payload, optional=("response_format",))
+        return self.client.post(payload, optional=("response_format", "temperature", "seed"))
 
 
 def _read_choice(body: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any]]:
