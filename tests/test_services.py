@@ -152,6 +152,9 @@ HAPPY: list[tuple[str, dict[str, Any], Check]] = [
      and rec(ws, "calendar.events", v["id"])["organizer"] == ME),
     ("calendar_create_event", {"title": "Solo", "start": "2026-03-10T10:00:00Z", "end": "2026-03-10T10:30:00Z", "attendees": []},
      lambda v, ws: v["timezone"] == "UTC" and v["start"] == "2026-03-10T10:00:00+00:00"),
+    # (as JavaScript's toISOString writes it: milliseconds; stored as the same instant without them)
+    ("calendar_create_event", {"title": "Solo", "start": "2026-03-10T10:00:00.000Z", "end": "2026-03-10T10:30:00.000Z", "attendees": []},
+     lambda v, ws: v["start"] == "2026-03-10T10:00:00+00:00" and rec(ws, "calendar.events", v["id"])["end"] == "2026-03-10T10:30:00+00:00"),
     ("calendar_update_event", {"event_id": "evt_2", "title": "QBR (moved)", "start": "2026-03-04T12:00", "end": "2026-03-04T13:00",
                                "location": "Room 2", "description": "Moved"},
      lambda v, ws: v["start"] == "2026-03-04T12:00:00-05:00" and v["title"] == "QBR (moved)"),
@@ -388,10 +391,10 @@ BAD: list[tuple[str, Any, str, bool]] = [
 # ---------------------------------------------------------------------------------------
 # Schema side: a strict JSON-schema validator (Draft 2020-12) with format checking.
 # Two documented choices of ours: an integral float (5.0) is *not* an integer (strict JSON
-# typing, Draft 4 style), and "date-time" means ISO 8601 with optional seconds/offset
+# typing, Draft 4 style), and "date-time" means ISO 8601 with optional seconds (and fraction)/offset
 # (a naive time is read in the event's time zone), which jsonschema does not check itself.
 # ---------------------------------------------------------------------------------------
-_DT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2})?([+-][0-9]{2}:[0-9]{2}|Z)?\Z")
+_DT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?([+-][0-9]{2}:[0-9]{2}|Z)?\Z")
 FORMAT_CHECKER = jsonschema.FormatChecker(["date", "email"])
 
 

@@ -18,7 +18,8 @@ from typing import Any, Callable
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict}
 # ASCII digits and \Z (not $, which also matches before a trailing newline).
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\Z")
-_DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2})?([+-][0-9]{2}:[0-9]{2}|Z)?\Z")
+# seconds and their fraction optional (2026-03-05T14:00, ...T14:00:00.000Z as JavaScript writes it), an offset optional
+_DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?([+-][0-9]{2}:[0-9]{2}|Z)?\Z")
 # an address as the world's records write one (no display name, brackets or mailto:, which mail clients add around it)
 _EMAIL = re.compile(r"[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+\Z")
 FORMATS = {"date": _DATE, "date-time": _DATETIME, "email": _EMAIL}
