@@ -166,6 +166,11 @@ def test_models_endpoint(stub_server):
          "stream_options"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}).encode(), "stop"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": [""]}).encode(), "stop"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND], "tool_choice": "required"}).encode(),
+         "tool_choice"),  # (the stub has no grammar to make it call)
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND],
+                     "tool_choice": {"type": "function", "function": {"name": "mail_delete"}}}).encode(), "tool_choice"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "tool_choice": "always"}).encode(), "tool_choice"),
     ],
 )
 def test_bad_requests_get_openai_style_400(stub_server, payload, param):
@@ -242,6 +247,31 @@ def test_real_student_served(student_checkpoint):
             tools=[MAIL_SEND], max_tokens=2)
         assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
 
+
+
+def test_a_required_or_named_tool_choice_makes_the_served_student_call(student_checkpoint):
+    """`tool_choice: "required"` or a named function (what agent frameworks send for structured output): the strict
+    grammar makes the turn open with a call, of the named tool when one is named, where the student left alone
+    replies in text."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    task = {"type": "function", "function": {"name": "tasks_create", "description": "Create a task.", "parameters": {
+        "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}
+    done = _demos(1)[0]["messages"][:4]  # the call made and its result back: the student replies "Sent."
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        api = client(base)
+        free = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND])
+        assert free.choices[0].finish_reason == "stop" and not free.choices[0].message.tool_calls
+        forced = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], tool_choice="required")
+        assert forced.choices[0].finish_reason == "tool_calls", forced.choices[0].message
+        assert forced.choices[0].message.tool_calls[0].function.name == "mail_send"
+        named = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND, task], max_tokens=256,
+                                            tool_choice={"type": "function", "function": {"name": "tasks_create"}})
+        (call,) = named.choices[0].message.tool_calls
+        assert call.function.name == "tasks_create" and isinstance(json.loads(call.function.arguments)["title"], str)
+        first = api.chat.completions.create(model="student", messages=done[:2], tools=[MAIL_SEND],
+                                            tool_choice={"type": "function", "function": {"name": "mail_send"}})
+        assert first.choices[0].message.tool_calls[0].function.name == "mail_send"  # (as it calls unforced)
 
 
 def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(student_checkpoint):

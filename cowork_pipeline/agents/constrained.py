@@ -42,8 +42,9 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def tool_call_format(tools: Sequence[ToolSchema]) -> dict[str, Any]:
-    """The xgrammar structural tag: free text, and tool calls that must match one offered tool's schema."""
+def tool_call_format(tools: Sequence[ToolSchema], required: bool = False) -> dict[str, Any]:
+    """The xgrammar structural tag: free text, and tool calls that must match one offered tool's schema; with
+    ``required`` (an API's ``tool_choice: "required"``, or a named tool offered alone) the turn opens with a call."""
     tags = []
     for tool in tools:
         fn = tool.get("function", tool) if isinstance(tool, dict) else {}
@@ -60,7 +61,8 @@ def tool_call_format(tools: Sequence[ToolSchema]) -> dict[str, Any]:
         })
     # Free text may not hold a stray closing tag (the parser would reject the turn as malformed).
     return {"type": "structural_tag",
-            "format": {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": tags, "excludes": [TOOL_CALL_CLOSE]}}
+            "format": {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": tags, "excludes": [TOOL_CALL_CLOSE],
+                       "at_least_one": bool(required and tags)}}
 
 
 class ToolCallConstraint:
@@ -75,14 +77,15 @@ class ToolCallConstraint:
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         self._grammars: dict[str, Any] = {}
 
-    def matcher(self, tools: Sequence[ToolSchema] | None) -> Any | None:
-        """A fresh matcher for one assistant turn; None when no tools are offered (nothing to constrain)."""
+    def matcher(self, tools: Sequence[ToolSchema] | None, required: bool = False) -> Any | None:
+        """A fresh matcher for one assistant turn (``required``: one that opens with a call); None when no tools are
+        offered (nothing to constrain)."""
         if not tools:
             return None
-        key = json.dumps(list(tools), sort_keys=True, default=str)
+        key = json.dumps([list(tools), required], sort_keys=True, default=str)
         grammar = self._grammars.get(key)
         if grammar is None:
-            grammar = self._grammars[key] = self.compiler.compile_structural_tag(json.dumps(tool_call_format(tools)))
+            grammar = self._grammars[key] = self.compiler.compile_structural_tag(json.dumps(tool_call_format(tools, required)))
         return self._xgr.GrammarMatcher(grammar)
 
     def bitmask(self, rows: int) -> Any:

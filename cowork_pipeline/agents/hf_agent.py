@@ -239,9 +239,15 @@ class HFAgent:
         top_p: float | None = None,
         max_new_tokens: int | None = None,
         seed: int | None = None,
+        require_tool_call: bool = False,
     ) -> list[Generation]:
-        """Batched generation for many conversations; results are in input order and never raise on bad output."""
+        """Batched generation for many conversations; results are in input order and never raise on bad output.
+        ``require_tool_call``: each turn offered tools opens with a call (the strict grammar's; ValueError without
+        strict tool calls, which alone can force one)."""
         import torch
+
+        if require_tool_call and self.constraint is None:
+            raise ValueError("a required tool call needs strict tool calls (HFAgent(strict_tools=True))")
 
         temperature = self.temperature if temperature is None else float(temperature)
         top_p = self.top_p if top_p is None else float(top_p)
@@ -271,7 +277,7 @@ class HFAgent:
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
-                                [conversations[i][1] for i, _ in chunk])
+                                [conversations[i][1] for i, _ in chunk], require_tool_call)
             for (i, ids), (comp, lps, slps, finished) in zip(chunk, outs):
                 messages = conversations[i][0]
                 results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages))
@@ -286,7 +292,7 @@ class HFAgent:
 
     def _decode(
         self, prompts: list[list[int]], temperature: float, top_p: float, max_new: int, generator: Any,
-        tools: Sequence[Sequence[ToolSchema] | None] | None = None,
+        tools: Sequence[Sequence[ToolSchema] | None] | None = None, require_tool_call: bool = False,
     ) -> list[tuple[list[int], list[float], list[float], bool]]:
         import torch
         from transformers import DynamicCache
@@ -350,7 +356,7 @@ class HFAgent:
         slps: list[list[float]] = [[] for _ in range(n)]
         stopped = [False] * n
         rows = torch.arange(n, device=dev)  # original index of each live batch row
-        matchers = [self.constraint.matcher(t) for t in tools] if (self.constraint is not None and tools) else None
+        matchers = [self.constraint.matcher(t, require_tool_call) for t in tools] if (self.constraint is not None and tools) else None
         if matchers is not None and all(m is None for m in matchers):
             matchers = None
         bitmask = self.constraint.bitmask(n) if matchers is not None else None

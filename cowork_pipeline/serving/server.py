@@ -1,6 +1,8 @@
 """Minimal OpenAI-compatible chat-completions server (starlette + uvicorn).
 
-``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage`` and ``stop``) and ``GET /v1/models``.
+``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage``, ``stop``, and ``tool_choice`` auto,
+none, required or a named function: the last two for a model served with strict tool calls, whose grammar makes
+the turn open with a call) and ``GET /v1/models``.
 Any ``Agent`` can be served; agents exposing
 ``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``) honour per-request
 sampling settings and report token usage, other agents are called through ``act``. Requests are served one at a
@@ -79,10 +81,24 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
                 or not isinstance(fn.get("name"), str):
             raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
     tool_choice = body.get("tool_choice")
+    opts: dict[str, Any] = {}
     if tool_choice == "none":
         tools = []
+    elif tool_choice == "required" or isinstance(tool_choice, dict):
+        if isinstance(tool_choice, dict):  # a named function: the one tool offered, and called
+            fn = tool_choice.get("function")
+            named = fn.get("name") if tool_choice.get("type") == "function" and isinstance(fn, dict) else None
+            tools = [t for t in tools if t["function"]["name"] == named]
+            if not tools:
+                raise BadRequest(f"tool_choice names {named!r}, which is not among the tools offered" if isinstance(named, str)
+                                 else "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
+                                      "{'name': ...}}", "tool_choice")
+        elif not tools:
+            raise BadRequest("tool_choice 'required' needs tools", "tool_choice")
+        opts["require_tool_call"] = True
     elif tool_choice not in (None, "auto"):
-        raise BadRequest("only tool_choice 'auto' and 'none' are supported", "tool_choice")
+        raise BadRequest("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+                         "tool_choice")
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", "stream")
@@ -97,7 +113,6 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
     if body.get("n", 1) != 1:
         raise BadRequest("only n=1 is supported", "n")
 
-    opts: dict[str, Any] = {}
     if (t := _number(body, "temperature", 0.0, 2.0)) is not None:
         opts["temperature"] = t
     if (p := _number(body, "top_p", 0.0, 1.0)) is not None:
@@ -231,6 +246,10 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
             return _error(400, f"request body is not valid JSON: {exc}")
         try:
             messages, tools, opts, delivery = _validate(body)
+            if opts.get("require_tool_call") and getattr(agent, "constraint", None) is None:
+                # (only a grammar can make the model call; an answer without the call would break the client's contract)
+                raise BadRequest(f"a required or named tool_choice needs a model served with strict tool calls; {name} is not",
+                                 "tool_choice")
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
         try:
