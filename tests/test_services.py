@@ -579,6 +579,13 @@ def test_error_messages_name_the_problem() -> None:
     assert "must be a date string" in ws.call("tasks_create", {"title": "t", "due": "3/5"}).error["message"]
     assert "must be >= 0" in ws.call("crm_update_deal", {"deal_id": "deal_1", "amount": -1}).error["message"]
     assert "must be integer, got boolean" in ws.call("mail_search", {"limit": True}).error["message"]
+    # a number or a truth value sent as a string, as models often send them: the error says what to pass
+    assert ws.call("crm_update_deal", {"deal_id": "deal_1", "amount": "$15,200.50"}).error["message"].endswith(
+        "must be number, got string (pass 15200.5 as a JSON number, not a string)")
+    assert ws.call("mail_search", {"limit": "5"}).error["message"].endswith("(pass 5 as a JSON number, not a string)")
+    assert ws.call("mail_search", {"unread_only": "True"}).error["message"].endswith("(pass true as a JSON boolean, not a string)")
+    for args in ({"limit": "5.5"}, {"limit": "five"}, {"unread_only": "yes"}):
+        assert "(pass" not in ws.call("mail_search", args).error["message"], args
     assert "unknown time zone" in ws.call("calendar_create_event", {"title": "x", "start": "2026-03-10T10:00", "end": "2026-03-10T11:00",
                                                                      "attendees": [], "timezone": "Europe"}).error["message"]
 

@@ -182,7 +182,7 @@ def _check_scalar(tool: str, p: Param, t: str, v: Any) -> None:
     py = JSON_TYPES[t]
     # bool is an int subclass in Python but not a JSON integer/number.
     if not isinstance(v, py) or (t in ("integer", "number") and isinstance(v, bool)):
-        raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be {t}, got {_jtype(v)}")
+        raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be {t}, got {_jtype(v)}{_quoted_hint(t, v)}")
     if t == "number" and isinstance(v, float) and not math.isfinite(v):  # NaN/Infinity are not JSON numbers
         raise ToolError("invalid_arguments", f"{tool}: '{p.name}' must be a finite number, got {v!r}")
     if p.format is not None and t == "string" and not _format_ok(p.format, v):
@@ -205,6 +205,24 @@ def _format_hint(fmt: str, v: str) -> str:
     if len(found) > 1:
         return f" (one address per item: {json.dumps(found)})"
     return f" (pass {found[0]!r} alone)" if found and found[0] != v else ""
+
+
+def _quoted_hint(t: str, v: Any) -> str:
+    # a number or a truth value sent as a string ("15200.00", "$1,200", "true"): say what to pass instead
+    if not isinstance(v, str):
+        return ""
+    if t in ("integer", "number"):
+        plain = re.sub(r"^[$€£]|[,_\s]|[$€£]$", "", v.strip())
+        try:
+            n = float(plain)
+        except ValueError:
+            return ""
+        if not math.isfinite(n) or (t == "integer" and not n.is_integer()):
+            return ""
+        return f" (pass {int(n) if t == 'integer' else n!r} as a JSON number, not a string)"
+    if t == "boolean" and v.strip().lower() in ("true", "false"):
+        return f" (pass {v.strip().lower()} as a JSON boolean, not a string)"
+    return ""
 
 
 def _jtype(v: Any) -> str:
