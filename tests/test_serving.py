@@ -171,6 +171,12 @@ def test_models_endpoint(stub_server):
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND],
                      "tool_choice": {"type": "function", "function": {"name": "mail_delete"}}}).encode(), "tool_choice"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "tool_choice": "always"}).encode(), "tool_choice"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}).encode(),
+         "response_format"),  # (nor to answer in JSON)
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}).encode(), "response_format"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND],
+                     "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}}).encode(),
+         "response_format"),
     ],
 )
 def test_bad_requests_get_openai_style_400(stub_server, payload, param):
@@ -272,6 +278,28 @@ def test_a_required_or_named_tool_choice_makes_the_served_student_call(student_c
         first = api.chat.completions.create(model="student", messages=done[:2], tools=[MAIL_SEND],
                                             tool_choice={"type": "function", "function": {"name": "mail_send"}})
         assert first.choices[0].message.tool_calls[0].function.name == "mail_send"  # (as it calls unforced)
+
+
+def test_a_json_response_format_makes_the_served_student_answer_in_json(student_checkpoint):
+    """`response_format` json_object or json_schema (structured output without tools): the strict grammar makes the
+    answer one JSON value, valid for the schema, where the student left alone writes prose."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    done = _demos(1)[0]["messages"][:4]
+    status = {"type": "object", "properties": {"status": {"type": "string", "enum": ["sent", "failed"]},
+                                              "count": {"type": "integer"}}, "required": ["status", "count"]}
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=96), model_name="student")) as base:
+        api = client(base)
+        free = api.chat.completions.create(model="student", messages=done)
+        with pytest.raises(ValueError):
+            json.loads(free.choices[0].message.content)
+        typed = api.chat.completions.create(model="student", messages=done, response_format={
+            "type": "json_schema", "json_schema": {"name": "status", "schema": status, "strict": True}})
+        answer = json.loads(typed.choices[0].message.content)
+        assert typed.choices[0].finish_reason == "stop" and answer["status"] in ("sent", "failed") and isinstance(answer["count"], int)
+        obj = api.chat.completions.create(model="student", messages=done, response_format={"type": "json_object"}, max_tokens=400)
+        assert obj.choices[0].finish_reason == "stop", obj.choices[0]
+        assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
 
 def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(student_checkpoint):

@@ -77,15 +77,19 @@ class ToolCallConstraint:
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         self._grammars: dict[str, Any] = {}
 
-    def matcher(self, tools: Sequence[ToolSchema] | None, required: bool = False) -> Any | None:
-        """A fresh matcher for one assistant turn (``required``: one that opens with a call); None when no tools are
-        offered (nothing to constrain)."""
-        if not tools:
+    def matcher(self, tools: Sequence[ToolSchema] | None, required: bool = False,
+                json_schema: dict[str, Any] | None = None) -> Any | None:
+        """A fresh matcher for one assistant turn (``required``: one that opens with a call; ``json_schema``: a turn
+        that is one JSON value valid for it, an API's ``response_format``, no calls); None when neither tools nor a
+        schema are given (nothing to constrain)."""
+        if not tools and json_schema is None:
             return None
-        key = json.dumps([list(tools), required], sort_keys=True, default=str)
+        key = json.dumps([list(tools or []), required, json_schema], sort_keys=True, default=str)
         grammar = self._grammars.get(key)
         if grammar is None:
-            grammar = self._grammars[key] = self.compiler.compile_structural_tag(json.dumps(tool_call_format(tools, required)))
+            grammar = self._grammars[key] = (
+                self.compiler.compile_json_schema(json.dumps(json_schema), any_whitespace=False) if json_schema is not None
+                else self.compiler.compile_structural_tag(json.dumps(tool_call_format(tools or [], required))))
         return self._xgr.GrammarMatcher(grammar)
 
     def bitmask(self, rows: int) -> Any:

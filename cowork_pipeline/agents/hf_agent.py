@@ -240,14 +240,16 @@ class HFAgent:
         max_new_tokens: int | None = None,
         seed: int | None = None,
         require_tool_call: bool = False,
+        json_schema: dict[str, Any] | None = None,
     ) -> list[Generation]:
         """Batched generation for many conversations; results are in input order and never raise on bad output.
-        ``require_tool_call``: each turn offered tools opens with a call (the strict grammar's; ValueError without
-        strict tool calls, which alone can force one)."""
+        ``require_tool_call``: each turn offered tools opens with a call; ``json_schema``: each turn is one JSON
+        value valid for the schema (no calls). Both are the strict grammar's (ValueError without strict tool calls,
+        which alone can force them)."""
         import torch
 
-        if require_tool_call and self.constraint is None:
-            raise ValueError("a required tool call needs strict tool calls (HFAgent(strict_tools=True))")
+        if (require_tool_call or json_schema is not None) and self.constraint is None:
+            raise ValueError("a required tool call or a JSON answer needs strict tool calls (HFAgent(strict_tools=True))")
 
         temperature = self.temperature if temperature is None else float(temperature)
         top_p = self.top_p if top_p is None else float(top_p)
@@ -277,7 +279,7 @@ class HFAgent:
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
-                                [conversations[i][1] for i, _ in chunk], require_tool_call)
+                                [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema)
             for (i, ids), (comp, lps, slps, finished) in zip(chunk, outs):
                 messages = conversations[i][0]
                 results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages))
@@ -293,6 +295,7 @@ class HFAgent:
     def _decode(
         self, prompts: list[list[int]], temperature: float, top_p: float, max_new: int, generator: Any,
         tools: Sequence[Sequence[ToolSchema] | None] | None = None, require_tool_call: bool = False,
+        json_schema: dict[str, Any] | None = None,
     ) -> list[tuple[list[int], list[float], list[float], bool]]:
         import torch
         from transformers import DynamicCache
@@ -356,7 +359,8 @@ class HFAgent:
         slps: list[list[float]] = [[] for _ in range(n)]
         stopped = [False] * n
         rows = torch.arange(n, device=dev)  # original index of each live batch row
-        matchers = [self.constraint.matcher(t, require_tool_call) for t in tools] if (self.constraint is not None and tools) else None
+        matchers = ([self.constraint.matcher(t, require_tool_call, json_schema) for t in tools or [None] * n]
+                    if self.constraint is not None else None)
         if matchers is not None and all(m is None for m in matchers):
             matchers = None
         bitmask = self.constraint.bitmask(n) if matchers is not None else None

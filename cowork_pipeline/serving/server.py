@@ -1,9 +1,9 @@
 """Minimal OpenAI-compatible chat-completions server (starlette + uvicorn).
 
-``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage``, ``stop``, and ``tool_choice`` auto,
-none, required or a named function: the last two for a model served with strict tool calls, whose grammar makes
-the turn open with a call) and ``GET /v1/models``.
-Any ``Agent`` can be served; agents exposing
+``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage``, ``stop``, ``tool_choice`` auto,
+none, required or a named function, and ``response_format`` text, json_object or json_schema: a required call or
+a JSON answer for a model served with strict tool calls, whose grammar makes the turn open with the call, or be
+one JSON value valid for the schema) and ``GET /v1/models``. Any ``Agent`` can be served; agents exposing
 ``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``) honour per-request
 sampling settings and report token usage, other agents are called through ``act``. Requests are served one at a
 time, except that greedy requests arriving together are generated as one batch (the agent's batched, KV-cached
@@ -99,6 +99,21 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
     elif tool_choice not in (None, "auto"):
         raise BadRequest("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
                          "tool_choice")
+    response_format = body.get("response_format")
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        opts["json_schema"] = {"type": "object"}
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequest("response_format json_schema must be {'name': ..., 'schema': {...}}", "response_format")
+        opts["json_schema"] = schema
+    elif response_format is not None and kind != "text":
+        raise BadRequest("response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}", "response_format")
+    if "json_schema" in opts and tools:
+        raise BadRequest("a JSON response_format with tools is not supported: the answer is either calls or one JSON value "
+                         "(send no tools, or tool_choice 'none')", "response_format")
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", "stream")
@@ -246,10 +261,11 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
             return _error(400, f"request body is not valid JSON: {exc}")
         try:
             messages, tools, opts, delivery = _validate(body)
-            if opts.get("require_tool_call") and getattr(agent, "constraint", None) is None:
-                # (only a grammar can make the model call; an answer without the call would break the client's contract)
-                raise BadRequest(f"a required or named tool_choice needs a model served with strict tool calls; {name} is not",
-                                 "tool_choice")
+            if getattr(agent, "constraint", None) is None:
+                # (only a grammar can make the model call, or answer in JSON; anything else breaks the client's contract)
+                for key, param in (("require_tool_call", "tool_choice"), ("json_schema", "response_format")):
+                    if key in opts:
+                        raise BadRequest(f"this {param} needs a model served with strict tool calls; {name} is not", param)
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
         try:
