@@ -80,40 +80,12 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str):
             raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
-    tool_choice = body.get("tool_choice")
-    opts: dict[str, Any] = {}
-    if tool_choice == "none":
-        tools = []
-    elif tool_choice == "required" or isinstance(tool_choice, dict):
-        if isinstance(tool_choice, dict):  # a named function: the one tool offered, and called
-            fn = tool_choice.get("function")
-            named = fn.get("name") if tool_choice.get("type") == "function" and isinstance(fn, dict) else None
-            tools = [t for t in tools if t["function"]["name"] == named]
-            if not tools:
-                raise BadRequest(f"tool_choice names {named!r}, which is not among the tools offered" if isinstance(named, str)
-                                 else "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
-                                      "{'name': ...}}", "tool_choice")
-        elif not tools:
-            raise BadRequest("tool_choice 'required' needs tools", "tool_choice")
-        opts["require_tool_call"] = True
-    elif tool_choice not in (None, "auto"):
-        raise BadRequest("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
-                         "tool_choice")
-    response_format = body.get("response_format")
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if kind == "json_object":
-        opts["json_schema"] = {"type": "object"}
-    elif kind == "json_schema":
-        spec = response_format.get("json_schema")
-        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise BadRequest("response_format json_schema must be {'name': ..., 'schema': {...}}", "response_format")
+    tools, opts = _tool_choice(body.get("tool_choice"), tools)
+    if (schema := _json_schema(body.get("response_format"))) is not None:
+        if tools:
+            raise BadRequest("a JSON response_format with tools is not supported: the answer is either calls or one JSON "
+                             "value (send no tools, or tool_choice 'none')", "response_format")
         opts["json_schema"] = schema
-    elif response_format is not None and kind != "text":
-        raise BadRequest("response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}", "response_format")
-    if "json_schema" in opts and tools:
-        raise BadRequest("a JSON response_format with tools is not supported: the answer is either calls or one JSON value "
-                         "(send no tools, or tool_choice 'none')", "response_format")
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", "stream")
@@ -146,6 +118,46 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         opts["seed"] = seed
     delivery = {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or []}
     return messages, tools, opts, delivery
+
+
+_TOOL_CHOICES = "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}"
+
+
+def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The tools the turn may call and the generation option ``tool_choice`` asks for: none offers none; required,
+    or a named function (offered alone), asks for a turn that opens with a call."""
+    if choice in (None, "auto"):
+        return tools, {}
+    if choice == "none":
+        return [], {}
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        named = fn.get("name") if choice.get("type") == "function" and isinstance(fn, dict) else None
+        if not isinstance(named, str):
+            raise BadRequest(_TOOL_CHOICES, "tool_choice")
+        tools = [t for t in tools if t["function"]["name"] == named]
+        if not tools:
+            raise BadRequest(f"tool_choice names {named!r}, which is not among the tools offered", "tool_choice")
+    elif choice != "required":
+        raise BadRequest(_TOOL_CHOICES, "tool_choice")
+    elif not tools:
+        raise BadRequest("tool_choice 'required' needs tools", "tool_choice")
+    return tools, {"require_tool_call": True}
+
+
+def _json_schema(response_format: Any) -> dict[str, Any] | None:
+    """The schema the answer must be valid for (json_object: any object), None for text."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if response_format is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = response_format.get("json_schema") if kind == "json_schema" else None
+    schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise BadRequest("response_format must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
+                         "'json_schema': {'name': ..., 'schema': {...}}}", "response_format")
+    return schema
 
 
 def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int) -> tuple[dict[str, Any], str, dict[str, int]]:
