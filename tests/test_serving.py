@@ -174,6 +174,9 @@ def test_models_endpoint(stub_server):
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}).encode(),
          "response_format"),  # (nor to answer in JSON)
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}).encode(), "response_format"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).encode(), "logprobs"),  # (nor logprobs)
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}).encode(), "logprobs"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}).encode(), "top_logprobs"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND],
                      "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}}).encode(),
          "response_format"),
@@ -300,6 +303,31 @@ def test_a_json_response_format_makes_the_served_student_answer_in_json(student_
         obj = api.chat.completions.create(model="student", messages=done, response_format={"type": "json_object"}, max_tokens=400)
         assert obj.choices[0].finish_reason == "stop", obj.choices[0]
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
+
+
+def test_the_served_student_reports_each_token_s_logprob(student_checkpoint):
+    """`logprobs: true` (what an RL framework driving the served student reads) gives each generated token and its
+    log-probability, the model's own as `HFAgent.generate` records it, streamed or not; a stop sequence cuts them
+    where it cuts the text."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    done = _demos(1)[0]["messages"][:4]
+    local = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64)
+    (want,) = local.generate([(done, [MAIL_SEND])])
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        api = client(base)
+        resp = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], logprobs=True)
+        got = resp.choices[0].logprobs.content
+        assert "".join(t.token for t in got) == want.text == resp.choices[0].message.content
+        assert [t.logprob for t in got] == pytest.approx(want.logprobs[:len(got)]) and len(got) == len(want.completion_ids) - 1
+        assert all(t.logprob <= 0 and bytes(t.bytes).decode() == t.token for t in got)
+        streamed = list(api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], logprobs=True, stream=True))
+        assert [t.token for c in streamed for t in ((c.choices[0].logprobs.content or []) if c.choices[0].logprobs else [])] == \
+               [t.token for t in got]
+        cut = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], logprobs=True, stop=want.text[2:])
+        kept = "".join(t.token for t in cut.choices[0].logprobs.content)
+        assert cut.choices[0].message.content == want.text[:2] and want.text[:2].startswith(kept) and len(kept) <= 2
+        assert api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND]).choices[0].logprobs is None
 
 
 def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(student_checkpoint):

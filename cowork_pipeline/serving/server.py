@@ -1,9 +1,9 @@
 """Minimal OpenAI-compatible chat-completions server (starlette + uvicorn).
 
-``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage``, ``stop``, ``tool_choice`` auto,
-none, required or a named function, and ``response_format`` text, json_object or json_schema: a required call or
-a JSON answer for a model served with strict tool calls, whose grammar makes the turn open with the call, or be
-one JSON value valid for the schema) and ``GET /v1/models``. Any ``Agent`` can be served; agents exposing
+``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage``, ``stop``, ``logprobs``,
+``tool_choice`` auto, none, required or a named function, and ``response_format`` text, json_object or
+json_schema: a required call or a JSON answer for a model served with strict tool calls, whose grammar makes the
+turn open with the call, or be one JSON value valid for the schema) and ``GET /v1/models``. Any ``Agent`` can be served; agents exposing
 ``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``) honour per-request
 sampling settings and report token usage, other agents are called through ``act``. Requests are served one at a
 time, except that greedy requests arriving together are generated as one batch (the agent's batched, KV-cached
@@ -99,6 +99,11 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         raise BadRequest("'stop' must be a non-empty string or an array of up to 4 of them", "stop")
     if body.get("n", 1) != 1:
         raise BadRequest("only n=1 is supported", "n")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise BadRequest("'logprobs' must be a boolean", "logprobs")
+    if body.get("top_logprobs"):
+        raise BadRequest("top_logprobs is not supported (logprobs gives each generated token's own)", "top_logprobs")
 
     if (t := _number(body, "temperature", 0.0, 2.0)) is not None:
         opts["temperature"] = t
@@ -116,7 +121,8 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise BadRequest("'seed' must be an integer", "seed")
         opts["seed"] = seed
-    delivery = {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or []}
+    delivery = {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or [],
+                "logprobs": bool(logprobs)}
     return messages, tools, opts, delivery
 
 
@@ -160,14 +166,15 @@ def _json_schema(response_format: Any) -> dict[str, Any] | None:
     return schema
 
 
-def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int) -> tuple[dict[str, Any], str, dict[str, int]]:
+def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int,
+            generation: Any = None) -> tuple[dict[str, Any], str, dict[str, int], Any]:
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
     if message.get("tool_calls"):
         finish = "tool_calls"
     elif finish not in ("stop", "length"):
         finish = "length" if finish == "context_overflow" else "stop"
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return message, finish, usage
+    return message, finish, usage, generation
 
 
 def _stopped(message: dict[str, Any], finish: str, stop: list[str]) -> tuple[dict[str, Any], str]:
@@ -180,19 +187,35 @@ def _stopped(message: dict[str, Any], finish: str, stop: list[str]) -> tuple[dic
     return {k: v for k, v in message.items() if k not in ("tool_calls", "parse_error")} | {"content": text[:min(cuts)]}, "stop"
 
 
-def _chunks(head: dict[str, Any], message: dict[str, Any], finish: str, usage: dict[str, int], usage_chunk: bool):
+def _token_logprobs(tokenizer: Any, generation: Any, stop: list[str]) -> dict[str, Any]:
+    """Each generated token's log-probability under the model (the text of a tool call too; the stop token not), up
+    to where a stop sequence cut the text, in the API's ``logprobs.content`` shape."""
+    text = generation.text
+    cut = min([i for i in (text.find(x) for x in stop) if i >= 0], default=len(text))
+    out, at = [], 0
+    for tid, lp in zip(generation.completion_ids, generation.logprobs):
+        token = tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        at += len(token)
+        if at > cut:
+            break
+        out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
+    return {"content": out}
+
+
+def _chunks(head: dict[str, Any], message: dict[str, Any], finish: str, usage: dict[str, int], usage_chunk: bool,
+            logprobs: dict[str, Any] | None = None):
     """The answer as chat.completion.chunk events (server-sent events, then ``[DONE]``): the role, the text, each
     tool call whole (index, id, name and arguments in one delta), the finish reason, and with
     ``stream_options.include_usage`` a last chunk with the usage and no choices (earlier chunks carry usage null)."""
     extra = {"usage": None} if usage_chunk else {}
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, lps: dict[str, Any] | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": lps}
         return f"data: {json.dumps({**head, 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
-    if message.get("content"):
-        yield chunk({"content": message["content"]})
+    if message.get("content") or logprobs:
+        yield chunk({"content": message.get("content") or ""}, lps=logprobs)
     for i, call in enumerate(message.get("tool_calls") or []):
         yield chunk({"tool_calls": [{"index": i, **call}]})
     yield chunk({}, finish)
@@ -252,7 +275,7 @@ class _Batcher:
                     continue
                 gens = generate([(m, t) for m, t, _o, _f in batch], **first[2])
                 for (_m, _t, _o, fut), g in zip(batch, gens):
-                    fut.set_result(_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids)))
+                    fut.set_result(_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids), g))
             except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as a 500
                 for *_rest, fut in batch:
                     if not fut.done():
@@ -278,13 +301,18 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
                 for key, param in (("require_tool_call", "tool_choice"), ("json_schema", "response_format")):
                     if key in opts:
                         raise BadRequest(f"this {param} needs a model served with strict tool calls; {name} is not", param)
+            if delivery["logprobs"] and not callable(getattr(agent, "generate", None)):
+                raise BadRequest(f"{name} does not report token log-probabilities", "logprobs")
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
         try:
-            message, finish, usage = await run_in_threadpool(batcher.run, messages, tools, opts)
+            message, finish, usage, generation = await run_in_threadpool(batcher.run, messages, tools, opts)
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}", err_type="server_error")
-        message, finish = _stopped(message, finish, delivery["stop"])
+        said, finish = _stopped(message, finish, delivery["stop"])
+        lps = _token_logprobs(agent.tokenizer, generation, delivery["stop"] if said is not message else []) \
+            if delivery["logprobs"] and generation is not None else None
+        message = said
         out_msg: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         if message.get("tool_calls"):
             out_msg["tool_calls"] = message["tool_calls"]
@@ -292,10 +320,10 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
             out_msg["parse_error"] = message["parse_error"]  # non-standard; clients ignore unknown fields
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model") or name}
         if delivery["stream"]:  # (generated whole, as a batch; then sent as the events a streaming client reads)
-            events = _chunks({**head, "object": "chat.completion.chunk"}, out_msg, finish, usage, delivery["usage_chunk"])
+            events = _chunks({**head, "object": "chat.completion.chunk"}, out_msg, finish, usage, delivery["usage_chunk"], lps)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return JSONResponse({**head, "object": "chat.completion",
-                             "choices": [{"index": 0, "message": out_msg, "finish_reason": finish, "logprobs": None}],
+                             "choices": [{"index": 0, "message": out_msg, "finish_reason": finish, "logprobs": lps}],
                              "usage": usage})
 
     async def models(request: Request) -> JSONResponse:
