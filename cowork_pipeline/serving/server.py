@@ -3,11 +3,11 @@
 ``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage``, ``stop``, ``logprobs``,
 ``tool_choice`` auto, none, required or a named function, and ``response_format`` text, json_object or
 json_schema: a required call or a JSON answer for a model served with strict tool calls, whose grammar makes the
-turn open with the call, or be one JSON value valid for the schema) and ``GET /v1/models``. Any ``Agent`` can be served; agents exposing
-``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``) honour per-request
-sampling settings and report token usage, other agents are called through ``act``. Requests are served one at a
-time, except that greedy requests arriving together are generated as one batch (the agent's batched, KV-cached
-decoding is where throughput comes from; concurrent clients such as `cowork eval` feed it).
+turn open with the call, or be one JSON value valid for the schema) and ``GET /v1/models``. Any ``Agent`` can be
+served; agents exposing ``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``)
+honour per-request sampling settings and report token usage, other agents are called through ``act``. Requests are
+served one at a time, except that greedy requests arriving together are generated as one batch (the agent's
+batched, KV-cached decoding is where throughput comes from; concurrent clients such as `cowork eval` feed it).
 """
 from __future__ import annotations
 
@@ -177,21 +177,27 @@ def _answer(message: dict[str, Any], finish: str, prompt_tokens: int, completion
     return message, finish, usage, generation
 
 
+def _stop_at(text: Any, stop: list[str]) -> int | None:
+    """Where the first stop sequence in ``text`` starts (None: none there)."""
+    return min((i for i in (text.find(x) for x in stop) if i >= 0), default=None) if isinstance(text, str) else None
+
+
 def _stopped(message: dict[str, Any], finish: str, stop: list[str]) -> tuple[dict[str, Any], str]:
     """``message`` as if generation had ended at the first stop sequence in its text: the text before it, finish
     "stop", and no tool calls (they come after the text, so the model would not have written them)."""
-    text = message.get("content")
-    cuts = [i for i in (text.find(x) for x in stop) if i >= 0] if isinstance(text, str) else []
-    if not cuts:
+    cut = _stop_at(message.get("content"), stop)
+    if cut is None:
         return message, finish
-    return {k: v for k, v in message.items() if k not in ("tool_calls", "parse_error")} | {"content": text[:min(cuts)]}, "stop"
+    kept = {k: v for k, v in message.items() if k not in ("tool_calls", "parse_error")}
+    return kept | {"content": message["content"][:cut]}, "stop"
 
 
 def _token_logprobs(tokenizer: Any, generation: Any, stop: list[str]) -> dict[str, Any]:
     """Each generated token's log-probability under the model (the text of a tool call too; the stop token not), up
     to where a stop sequence cut the text, in the API's ``logprobs.content`` shape."""
     text = generation.text
-    cut = min([i for i in (text.find(x) for x in stop) if i >= 0], default=len(text))
+    cut = _stop_at(text, stop)
+    cut = len(text) if cut is None else cut
     out, at = [], 0
     for tid, lp in zip(generation.completion_ids, generation.logprobs):
         token = tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
