@@ -176,7 +176,11 @@ def test_models_endpoint(stub_server):
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}).encode(), "response_format"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).encode(), "logprobs"),  # (nor logprobs)
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}).encode(), "logprobs"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}).encode(), "top_logprobs"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}).encode(), "top_logprobs"),  # (without logprobs)
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}).encode(), "top_logprobs"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 0}).encode(), "n"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 33}).encode(), "n"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2.5}).encode(), "n"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND],
                      "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}}).encode(),
          "response_format"),
@@ -328,6 +332,95 @@ def test_the_served_student_reports_each_token_s_logprob(student_checkpoint):
         kept = "".join(t.token for t in cut.choices[0].logprobs.content)
         assert cut.choices[0].message.content == want.text[:2] and want.text[:2].startswith(kept) and len(kept) <= 2
         assert api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND]).choices[0].logprobs is None
+
+
+def test_top_logprobs_are_the_likeliest_tokens_generate_saw(student_checkpoint):
+    """`top_logprobs: k` (distillation and RL frameworks read it) gives, at each generated token, the k likeliest
+    tokens under the model with their log-probabilities, likeliest first: those `HFAgent.generate` saw."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    done = _demos(1)[0]["messages"][:4]
+    (want,) = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64).generate([(done, [MAIL_SEND])], top_logprobs=3)
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        api = client(base)
+        got = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], logprobs=True,
+                                          top_logprobs=3).choices[0].logprobs.content
+        assert len(got) == len(want.completion_ids) - 1 and all(len(t.top_logprobs) == 3 for t in got)
+        assert [a.logprob for t in got for a in t.top_logprobs] == \
+               pytest.approx([lp for top in want.top_logprobs[:len(got)] for _, lp in top])
+        for t in got:
+            alts = [a.logprob for a in t.top_logprobs]
+            assert alts == sorted(alts, reverse=True) and t.logprob <= alts[0] + 1e-6
+            assert all(bytes(a.bytes).decode(errors="replace") == a.token for a in t.top_logprobs)
+        assert got[0].token == got[0].top_logprobs[0].token  # (greedy: the likeliest, where no grammar overrules it)
+        plain = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], logprobs=True, top_logprobs=0)
+        assert all(t.top_logprobs == [] for t in plain.choices[0].logprobs.content)
+
+
+def test_a_token_s_bytes_are_its_own_where_it_holds_part_of_a_character(student_checkpoint):
+    """A byte-level token may hold part of a character: its text cannot show it (U+FFFD), its `bytes` are exact, so
+    a client joining them gets the text back; a stop sequence after such a character cuts by bytes, not by the
+    replacement characters' count."""
+    from transformers import AutoTokenizer
+
+    from cowork_pipeline.agents.hf_agent import Generation
+    from cowork_pipeline.serving.server import _token_logprobs
+
+    tokenizer = AutoTokenizer.from_pretrained(student_checkpoint)
+    text = "Grüße — 5 € ok"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    generation = Generation({}, text, [], ids + [eos], "stop", [-0.5] * (len(ids) + 1))
+    tokens = _token_logprobs(tokenizer, generation, [])["content"]
+    assert b"".join(bytes(t["bytes"]) for t in tokens) == text.encode() and len(tokens) == len(ids)  # (the stop token not)
+    split = [t for t in tokens if "\ufffd" in t["token"]]
+    assert split, "the test needs a character the tokenizer splits"
+    with pytest.raises(UnicodeDecodeError):
+        bytes(split[0]["bytes"]).decode()
+    cut = _token_logprobs(tokenizer, generation, [" ok"])["content"]
+    assert b"".join(bytes(t["bytes"]) for t in cut) == "Grüße — 5 €".encode()
+
+
+def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):
+    """`n` (a GRPO-style trainer asks for a group of samples per prompt): n sampled choices, each the sample that
+    `HFAgent.generate` draws for n copies of the conversation with that seed, so the same request gets the same
+    group again; greedy, n copies of the one answer. Every choice's tokens count in the usage; streamed, each
+    choice comes by its index."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    done = _demos(1)[0]["messages"][:4]
+    want = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64).generate(
+        [(done, [MAIL_SEND])] * 4, temperature=1.0, seed=3)
+
+    def said(choice) -> tuple:
+        return (choice.message.content or None, [c.function.name for c in choice.message.tool_calls or []])
+
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        api = client(base)
+        group = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], n=4, temperature=1.0, seed=3,
+                                            logprobs=True)
+        assert [c.index for c in group.choices] == [0, 1, 2, 3]
+        assert [said(c) for c in group.choices] == \
+               [(g.message.get("content") or None, [c["function"]["name"] for c in g.message.get("tool_calls") or []]) for g in want]
+        for c, g in zip(group.choices, want):
+            assert [t.logprob for t in c.logprobs.content] == pytest.approx(g.logprobs[:len(c.logprobs.content)])
+        assert len({said(c)[0] for c in group.choices}) > 1  # (samples, not one answer four times)
+        assert group.usage.completion_tokens == sum(len(g.completion_ids) for g in want)
+        again = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], n=4, temperature=1.0, seed=3)
+        assert [said(c) for c in again.choices] == [said(c) for c in group.choices]
+
+        one = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND])
+        three = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], n=3)
+        assert [said(c) for c in three.choices] == [said(one.choices[0])] * 3
+        assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+        assert three.usage.prompt_tokens == one.usage.prompt_tokens
+
+        texts: dict[int, str] = {}
+        for chunk in api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], n=4, temperature=1.0,
+                                                 seed=3, stream=True):
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+        assert [texts[i] or None for i in range(4)] == [said(c)[0] for c in group.choices]
 
 
 def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(student_checkpoint):

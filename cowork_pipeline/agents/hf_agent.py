@@ -50,6 +50,9 @@ class Generation:
     finish_reason: str  # "stop" | "length" | "context_overflow"
     logprobs: list[float] = field(default_factory=list)
     sampling_logprobs: list[float] = field(default_factory=list)
+    # Per completion token, the k likeliest tokens under the raw distribution as (id, logprob), likeliest first
+    # (``generate(top_logprobs=k)``; empty otherwise).
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -241,11 +244,12 @@ class HFAgent:
         seed: int | None = None,
         require_tool_call: bool = False,
         json_schema: dict[str, Any] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Generation]:
         """Batched generation for many conversations; results are in input order and never raise on bad output.
         ``require_tool_call``: each turn offered tools opens with a call; ``json_schema``: each turn is one JSON
         value valid for the schema (no calls). Both are the strict grammar's (ValueError without strict tool calls,
-        which alone can force them)."""
+        which alone can force them). ``top_logprobs``: record each step's k likeliest tokens too."""
         import torch
 
         if (require_tool_call or json_schema is not None) and self.constraint is None:
@@ -279,10 +283,11 @@ class HFAgent:
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
-                                [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema)
-            for (i, ids), (comp, lps, slps, finished) in zip(chunk, outs):
+                                [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema, top_logprobs)
+            for (i, ids), (comp, lps, slps, finished, tops) in zip(chunk, outs):
                 messages = conversations[i][0]
                 results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages))
+                results[i].top_logprobs = tops
         return [r for r in results if r is not None]
 
     def _finish(self, prompt_ids: list[int], comp: list[int], lps: list[float], slps: list[float], stopped: bool,
@@ -295,8 +300,8 @@ class HFAgent:
     def _decode(
         self, prompts: list[list[int]], temperature: float, top_p: float, max_new: int, generator: Any,
         tools: Sequence[Sequence[ToolSchema] | None] | None = None, require_tool_call: bool = False,
-        json_schema: dict[str, Any] | None = None,
-    ) -> list[tuple[list[int], list[float], list[float], bool]]:
+        json_schema: dict[str, Any] | None = None, top_logprobs: int = 0,
+    ) -> list[tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]]]]:
         import torch
         from transformers import DynamicCache
 
@@ -357,6 +362,7 @@ class HFAgent:
         comps: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         slps: list[list[float]] = [[] for _ in range(n)]
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
         stopped = [False] * n
         rows = torch.arange(n, device=dev)  # original index of each live batch row
         matchers = ([self.constraint.matcher(t, require_tool_call, json_schema) for t in tools or [None] * n]
@@ -394,6 +400,9 @@ class HFAgent:
                     tok = torch.multinomial(samp.exp(), 1, generator=generator).squeeze(-1)
                     samp_logp = samp.gather(-1, tok[:, None]).squeeze(-1)
                 tok_lp = raw_logp.gather(-1, tok[:, None]).squeeze(-1)
+                if top_logprobs:  # (of the raw distribution, as logprobs; size-padding rows are no tokens)
+                    top_v, top_i = raw_logp[:, : self._n_real_tokens].topk(top_logprobs, dim=-1)
+                    top_l = [list(zip(i_, v_)) for i_, v_ in zip(top_i.tolist(), top_v.tolist())]
                 done_l = torch.isin(tok, stop).tolist()
                 tok_l, lp_l, slp_l, rows_l = tok.tolist(), tok_lp.tolist(), samp_logp.tolist(), rows.tolist()
                 for j, r in enumerate(rows_l):
@@ -402,6 +411,8 @@ class HFAgent:
                     comps[r].append(tok_l[j])
                     lps[r].append(lp_l[j])
                     slps[r].append(slp_l[j])
+                    if top_logprobs:
+                        tops[r].append(top_l[j])
                     stopped[r] = bool(done_l[j])
                     if matchers is not None and matchers[r] is not None and not matchers[r].is_terminated():
                         matchers[r].accept_token(tok_l[j])
@@ -423,7 +434,7 @@ class HFAgent:
                 logits = out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
             save(list(range(len(rows))), rows.tolist())
-        return [(comps[r], lps[r], slps[r], stopped[r]) for r in range(n)]
+        return [(comps[r], lps[r], slps[r], stopped[r], tops[r]) for r in range(n)]
 
     # --- KV reuse across steps (prefix_cache.py) -------------------------------------------------------------
     def _reuse_enabled(self, cache: Any) -> bool:

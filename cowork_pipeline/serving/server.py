@@ -1,17 +1,19 @@
 """Minimal OpenAI-compatible chat-completions server (starlette + uvicorn).
 
-``POST /v1/chat/completions`` (with ``stream``, ``stream_options.include_usage``, ``stop``, ``logprobs``,
-``tool_choice`` auto, none, required or a named function, and ``response_format`` text, json_object or
-json_schema: a required call or a JSON answer for a model served with strict tool calls, whose grammar makes the
-turn open with the call, or be one JSON value valid for the schema) and ``GET /v1/models``. Any ``Agent`` can be
-served; agents exposing ``generate(conversations, temperature=, top_p=, max_new_tokens=, seed=)`` (``HFAgent``)
-honour per-request sampling settings and report token usage, other agents are called through ``act``. Requests are
-served one at a time, except that greedy requests arriving together are generated as one batch (the agent's
-batched, KV-cached decoding is where throughput comes from; concurrent clients such as `cowork eval` feed it).
+``POST /v1/chat/completions`` (with ``n``, ``stream``, ``stream_options.include_usage``, ``stop``, ``logprobs``
+and ``top_logprobs``, ``tool_choice`` auto, none, required or a named function, and ``response_format`` text,
+json_object or json_schema: a required call or a JSON answer for a model served with strict tool calls, whose
+grammar makes the turn open with the call, or be one JSON value valid for the schema) and ``GET /v1/models``.
+Any ``Agent`` can be served; agents exposing ``generate(conversations, temperature=, top_p=, max_new_tokens=,
+seed=)`` (``HFAgent``) honour per-request sampling settings and report token usage, other agents are called
+through ``act``. Requests are served one at a time, except that greedy requests arriving together are generated as
+one batch (the agent's batched, KV-cached decoding is where throughput comes from; concurrent clients such as
+`cowork eval` feed it), and a request's ``n`` samples are generated as one batch.
 """
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -30,6 +32,7 @@ from starlette.routing import Route
 from cowork_pipeline.agents.base import Agent
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_N = 32  # choices per request (``n``)
 
 
 class BadRequest(Exception):
@@ -97,13 +100,21 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         stop = [stop]
     if stop is not None and (not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and x for x in stop)):
         raise BadRequest("'stop' must be a non-empty string or an array of up to 4 of them", "stop")
-    if body.get("n", 1) != 1:
-        raise BadRequest("only n=1 is supported", "n")
+    n = body.get("n")
+    n = 1 if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise BadRequest(f"'n' must be an integer in [1, {MAX_N}]", "n")
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise BadRequest("'logprobs' must be a boolean", "logprobs")
-    if body.get("top_logprobs"):
-        raise BadRequest("top_logprobs is not supported (logprobs gives each generated token's own)", "top_logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise BadRequest("'top_logprobs' must be an integer in [0, 20]", "top_logprobs")
+        if not logprobs:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        if top:
+            opts["top_logprobs"] = top
 
     if (t := _number(body, "temperature", 0.0, 2.0)) is not None:
         opts["temperature"] = t
@@ -122,7 +133,7 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
             raise BadRequest("'seed' must be an integer", "seed")
         opts["seed"] = seed
     delivery = {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or [],
-                "logprobs": bool(logprobs)}
+                "logprobs": bool(logprobs), "n": n}
     return messages, tools, opts, delivery
 
 
@@ -192,39 +203,82 @@ def _stopped(message: dict[str, Any], finish: str, stop: list[str]) -> tuple[dic
     return kept | {"content": message["content"][:cut]}, "stop"
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character that stands for each byte in a token's string."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(extra)}
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte-fallback token
+
+
+def _token_bytes(tokenizer: Any) -> Callable[[int], bytes]:
+    """The bytes each token id stands for. A byte-level BPE token (GPT-2, Qwen, our student) or a byte-fallback
+    one may hold part of a character, which its decoded text cannot show (U+FFFD): the API's ``bytes`` are there
+    for a client to put such characters back together."""
+    byte_level = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)).__name__ == "ByteLevel"
+    alphabet = _byte_level_alphabet() if byte_level else {}
+    added = set(getattr(tokenizer, "added_tokens_decoder", None) or ())  # (their strings are their text)
+
+    def of(tid: int) -> bytes:
+        piece = tokenizer.convert_ids_to_tokens(tid) if tid not in added else None
+        if isinstance(piece, str) and piece:
+            if byte_level and all(c in alphabet for c in piece):
+                return bytes(alphabet[c] for c in piece)
+            if (m := _BYTE_FALLBACK.fullmatch(piece)) is not None:
+                return bytes([int(m.group(1), 16)])
+            if not byte_level and "\u2581" in piece:  # SentencePiece's word-boundary mark is a space
+                return piece.replace("\u2581", " ").encode()
+        return tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False).encode()
+
+    return of
+
+
 def _token_logprobs(tokenizer: Any, generation: Any, stop: list[str]) -> dict[str, Any]:
     """Each generated token's log-probability under the model (the text of a tool call too; the stop token not), up
-    to where a stop sequence cut the text, in the API's ``logprobs.content`` shape."""
+    to where a stop sequence cut the text, in the API's ``logprobs.content`` shape, with the k likeliest tokens at
+    each step where the request asked for ``top_logprobs``."""
+    token_bytes = _token_bytes(tokenizer)
+
+    def entry(tid: int, lp: float) -> dict[str, Any]:
+        raw = token_bytes(tid)
+        return {"token": raw.decode(errors="replace"), "logprob": lp, "bytes": list(raw)}
+
     text = generation.text
     cut = _stop_at(text, stop)
-    cut = len(text) if cut is None else cut
+    limit = len((text if cut is None else text[:cut]).encode())  # (in bytes: a token may hold part of a character)
+    tops = generation.top_logprobs or [[]] * len(generation.completion_ids)
     out, at = [], 0
-    for tid, lp in zip(generation.completion_ids, generation.logprobs):
-        token = tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        at += len(token)
-        if at > cut:
+    for tid, lp, top in zip(generation.completion_ids, generation.logprobs, tops):
+        token = entry(tid, lp)
+        at += len(token["bytes"])
+        if at > limit:
             break
-        out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
+        out.append(token | {"top_logprobs": [entry(t, v) for t, v in top]})
     return {"content": out}
 
 
-def _chunks(head: dict[str, Any], message: dict[str, Any], finish: str, usage: dict[str, int], usage_chunk: bool,
-            logprobs: dict[str, Any] | None = None):
-    """The answer as chat.completion.chunk events (server-sent events, then ``[DONE]``): the role, the text, each
-    tool call whole (index, id, name and arguments in one delta), the finish reason, and with
-    ``stream_options.include_usage`` a last chunk with the usage and no choices (earlier chunks carry usage null)."""
+def _chunks(head: dict[str, Any], choices: list[dict[str, Any]], usage: dict[str, int], usage_chunk: bool):
+    """The choices as chat.completion.chunk events (server-sent events, then ``[DONE]``), one choice after the
+    other, each by its index: the role, the text, each tool call whole (index, id, name and arguments in one delta),
+    the finish reason; with ``stream_options.include_usage`` a last chunk with the usage and no choices (earlier
+    chunks carry usage null)."""
     extra = {"usage": None} if usage_chunk else {}
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None, lps: dict[str, Any] | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": lps}
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
+              lps: dict[str, Any] | None = None) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": lps}
         return f"data: {json.dumps({**head, 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
 
-    yield chunk({"role": "assistant", "content": ""})
-    if message.get("content") or logprobs:
-        yield chunk({"content": message.get("content") or ""}, lps=logprobs)
-    for i, call in enumerate(message.get("tool_calls") or []):
-        yield chunk({"tool_calls": [{"index": i, **call}]})
-    yield chunk({}, finish)
+    for c in choices:
+        message, index, logprobs = c["message"], c["index"], c["logprobs"]
+        yield chunk(index, {"role": "assistant", "content": ""})
+        if message.get("content") or logprobs:
+            yield chunk(index, {"content": message.get("content") or ""}, lps=logprobs)
+        for i, call in enumerate(message.get("tool_calls") or []):
+            yield chunk(index, {"tool_calls": [{"index": i, **call}]})
+        yield chunk(index, {}, c["finish_reason"])
     if usage_chunk:
         yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
     yield "data: [DONE]\n\n"
@@ -239,14 +293,16 @@ class _Batcher:
     def __init__(self, agent: Agent, max_batch: int = 32, gather_s: float = 0.005):
         self.agent, self.max_batch, self.gather_s = agent, max_batch, gather_s
         self.cond = threading.Condition()
-        self.queue: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], Future]] = []
+        self.queue: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int, Future]] = []
         self.greedy = float(getattr(agent, "temperature", 0.0) or 0.0) <= 0.0  # the agent's default for requests without one
         threading.Thread(target=self._loop, daemon=True, name="cowork-serve-batcher").start()
 
-    def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any]) -> Any:
+    def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1) -> list[Any]:
+        """The request's ``n`` answers: one greedy answer n times (greedy decoding draws nothing, so n copies would
+        be the same), or n samples generated together, reproducible by the seed and n."""
         fut: Future = Future()
         with self.cond:
-            self.queue.append((messages, tools, opts, fut))
+            self.queue.append((messages, tools, opts, n, fut))
             self.cond.notify()
         return fut.result()
 
@@ -277,11 +333,16 @@ class _Batcher:
             try:
                 generate = getattr(self.agent, "generate", None)
                 if not callable(generate):  # a plain agent (one request per batch): its act, no token usage
-                    batch[0][3].set_result(_answer(self.agent.act(batch[0][0], batch[0][1]), "stop", 0, 0))
+                    m, t, _o, n, fut = batch[0]
+                    fut.set_result([_answer(self.agent.act(m, t), "stop", 0, 0) for _ in range(n)])
                     continue
-                gens = generate([(m, t) for m, t, _o, _f in batch], **first[2])
-                for (_m, _t, _o, fut), g in zip(batch, gens):
-                    fut.set_result(_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids), g))
+                copies = [1 if self._batchable(o) else n for _m, _t, o, n, _f in batch]
+                gens = generate([(m, t) for (m, t, *_rest), c in zip(batch, copies) for _ in range(c)], **first[2])
+                at = 0
+                for (_m, _t, _o, n, fut), c in zip(batch, copies):
+                    mine, at = gens[at : at + c], at + c
+                    fut.set_result([_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids), g)
+                                    for g in (mine * n if c == 1 else mine)])
             except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as a 500
                 for *_rest, fut in batch:
                     if not fut.done():
@@ -312,25 +373,30 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
         try:
-            message, finish, usage, generation = await run_in_threadpool(batcher.run, messages, tools, opts)
+            answers = await run_in_threadpool(batcher.run, messages, tools, opts, delivery["n"])
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}", err_type="server_error")
+        choices = [_choice(i, *answer, delivery) for i, answer in enumerate(answers)]
+        # (the prompt is read once, whatever n; every choice's tokens count)
+        usage = dict(answers[0][2], completion_tokens=sum(a[2]["completion_tokens"] for a in answers))
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model") or name}
+        if delivery["stream"]:  # (generated whole, as a batch; then sent as the events a streaming client reads)
+            events = _chunks({**head, "object": "chat.completion.chunk"}, choices, usage, delivery["usage_chunk"])
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage})
+
+    def _choice(index: int, message: dict[str, Any], finish: str, _usage: dict[str, int], generation: Any,
+                delivery: dict[str, Any]) -> dict[str, Any]:
         said, finish = _stopped(message, finish, delivery["stop"])
         lps = _token_logprobs(agent.tokenizer, generation, delivery["stop"] if said is not message else []) \
             if delivery["logprobs"] and generation is not None else None
-        message = said
-        out_msg: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        if message.get("tool_calls"):
-            out_msg["tool_calls"] = message["tool_calls"]
-        if message.get("parse_error"):
-            out_msg["parse_error"] = message["parse_error"]  # non-standard; clients ignore unknown fields
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model") or name}
-        if delivery["stream"]:  # (generated whole, as a batch; then sent as the events a streaming client reads)
-            events = _chunks({**head, "object": "chat.completion.chunk"}, out_msg, finish, usage, delivery["usage_chunk"], lps)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return JSONResponse({**head, "object": "chat.completion",
-                             "choices": [{"index": 0, "message": out_msg, "finish_reason": finish, "logprobs": lps}],
-                             "usage": usage})
+        out_msg: dict[str, Any] = {"role": "assistant", "content": said.get("content")}
+        if said.get("tool_calls"):
+            out_msg["tool_calls"] = said["tool_calls"]
+        if said.get("parse_error"):
+            out_msg["parse_error"] = said["parse_error"]  # non-standard; clients ignore unknown fields
+        return {"index": index, "message": out_msg, "finish_reason": finish, "logprobs": lps}
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse(
