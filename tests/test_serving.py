@@ -179,6 +179,15 @@ def test_models_endpoint(stub_server):
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}).encode(), "top_logprobs"),  # (without logprobs)
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}).encode(), "top_logprobs"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 0}).encode(), "n"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND], "parallel_tool_calls": False}).encode(),
+         "parallel_tool_calls"),  # (nor to end its turn after one call)
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "no"}).encode(), "parallel_tool_calls"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}).encode(), "frequency_penalty"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"42": -100}}).encode(), "logit_bias"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_k": 20}).encode(), "top_k"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "functions": [MAIL_SEND["function"]]}).encode(), "functions"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "return_token_ids": True}).encode(), "return_token_ids"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "return_token_ids": 1}).encode(), "return_token_ids"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 33}).encode(), "n"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2.5}).encode(), "n"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [MAIL_SEND],
@@ -364,21 +373,82 @@ def test_a_token_s_bytes_are_its_own_where_it_holds_part_of_a_character(student_
     from transformers import AutoTokenizer
 
     from cowork_pipeline.agents.hf_agent import Generation
-    from cowork_pipeline.serving.server import _token_logprobs
+    from cowork_pipeline.serving.server import _kept, _token_bytes, _token_logprobs
 
     tokenizer = AutoTokenizer.from_pretrained(student_checkpoint)
     text = "Grüße — 5 € ok"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     generation = Generation({}, text, [], ids + [eos], "stop", [-0.5] * (len(ids) + 1))
-    tokens = _token_logprobs(tokenizer, generation, [])["content"]
+    token_bytes = _token_bytes(tokenizer)
+    tokens = _token_logprobs(token_bytes, generation, _kept(token_bytes, generation, []), False)["content"]
     assert b"".join(bytes(t["bytes"]) for t in tokens) == text.encode() and len(tokens) == len(ids)  # (the stop token not)
     split = [t for t in tokens if "\ufffd" in t["token"]]
     assert split, "the test needs a character the tokenizer splits"
     with pytest.raises(UnicodeDecodeError):
         bytes(split[0]["bytes"]).decode()
-    cut = _token_logprobs(tokenizer, generation, [" ok"])["content"]
+    cut = _token_logprobs(token_bytes, generation, _kept(token_bytes, generation, [" ok"]), False)["content"]
     assert b"".join(bytes(t["bytes"]) for t in cut) == "Grüße — 5 €".encode()
+
+
+def test_token_ids_are_those_the_student_read_and_wrote(student_checkpoint):
+    """vLLM's `return_token_ids` (RL frameworks train on the ids a rollout was sampled with, since text tokenized
+    again can differ): the prompt's ids and each choice's completion ids, the stop token that ended the turn
+    included, cut with the text by a stop sequence, streamed or not; `return_tokens_as_token_ids` names each
+    logprobs token by its id."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    done = _demos(1)[0]["messages"][:4]
+    (want,) = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64).generate([(done, [MAIL_SEND])])
+    ids = {"return_token_ids": True}
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        api = client(base)
+        resp = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], extra_body=ids)
+        assert resp.model_extra["prompt_token_ids"] == want.prompt_ids and want.finish_reason == "stop"
+        assert resp.choices[0].model_extra["token_ids"] == want.completion_ids  # (the stop token last)
+        plain = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND])
+        assert "prompt_token_ids" not in (plain.model_extra or {}) and "token_ids" not in (plain.choices[0].model_extra or {})
+
+        cut = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], stop=want.text[2:], logprobs=True,
+                                          extra_body=ids | {"return_tokens_as_token_ids": True})
+        kept = cut.choices[0].model_extra["token_ids"]
+        assert kept == want.completion_ids[:len(kept)] and len(kept) < len(want.completion_ids) - 1
+        assert [t.token for t in cut.choices[0].logprobs.content] == [f"token_id:{i}" for i in kept]
+
+        chunks = list(api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], stream=True, extra_body=ids))
+        assert chunks[0].model_extra["prompt_token_ids"] == want.prompt_ids
+        assert [i for c in chunks for ch in c.choices for i in (ch.model_extra or {}).get("token_ids") or []] == want.completion_ids
+
+
+def test_parallel_tool_calls_false_ends_the_served_student_s_turn_after_its_first_call(tmp_path):
+    """`parallel_tool_calls: false` (agent frameworks send it to run one tool at a time): a student that makes two
+    calls in a turn, served with strict tool calls, makes one, the grammar ending the turn after it."""
+    from cowork_pipeline.agents.chat_format import render_conversation
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.sft import SFTSettings, train_sft
+    from cowork_pipeline.training.student import StudentConfig, build_student
+
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": "mail_send", "arguments": json.dumps(
+        ARGS | {"to": [to]})}} for i, to in enumerate(["team@example.com", "board@example.com"])]
+    ask = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Please send the team and the board an update."}]
+    demos = [{"tools": [MAIL_SEND], "messages": ask + [{"role": "assistant", "content": None, "tool_calls": calls}]}] * 12
+    base = build_student([render_conversation(d["messages"], d["tools"]) for d in demos], tmp_path / "base",
+                         StudentConfig(vocab_size=400, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                                       num_kv_heads=1, max_position_embeddings=1024))
+    checkpoint = train_sft(base, demos, tmp_path / "sft", SFTSettings(max_steps=80, lr=3e-3, batch_size=4, max_length=512,
+                                                                      device="cpu")).checkpoint
+    with running(make_app(HFAgent(checkpoint, device="cpu", max_new_tokens=160), model_name="student")) as base_url:
+        api = client(base_url)
+        both = api.chat.completions.create(model="student", messages=ask, tools=[MAIL_SEND])
+        assert [json.loads(c.function.arguments)["to"] for c in both.choices[0].message.tool_calls] == \
+               [["team@example.com"], ["board@example.com"]]
+        one = api.chat.completions.create(model="student", messages=ask, tools=[MAIL_SEND], parallel_tool_calls=False,
+                                          extra_body={"return_token_ids": True})
+        (call,) = one.choices[0].message.tool_calls
+        assert json.loads(call.function.arguments)["to"] == ["team@example.com"] and one.choices[0].finish_reason == "tool_calls"
+        assert one.usage.completion_tokens < both.usage.completion_tokens  # (the turn ended, not a call dropped)
+        assert api.chat.completions.create(model="student", messages=ask, tools=[MAIL_SEND], parallel_tool_calls=True
+                                           ).choices[0].message.tool_calls == both.choices[0].message.tool_calls
 
 
 def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):

@@ -42,9 +42,10 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def tool_call_format(tools: Sequence[ToolSchema], required: bool = False) -> dict[str, Any]:
+def tool_call_format(tools: Sequence[ToolSchema], required: bool = False, single: bool = False) -> dict[str, Any]:
     """The xgrammar structural tag: free text, and tool calls that must match one offered tool's schema; with
-    ``required`` (an API's ``tool_choice: "required"``, or a named tool offered alone) the turn opens with a call."""
+    ``required`` (an API's ``tool_choice: "required"``, or a named tool offered alone) the turn opens with a call;
+    with ``single`` (``parallel_tool_calls: false``) it ends after its first call."""
     tags = []
     for tool in tools:
         fn = tool.get("function", tool) if isinstance(tool, dict) else {}
@@ -62,7 +63,7 @@ def tool_call_format(tools: Sequence[ToolSchema], required: bool = False) -> dic
     # Free text may not hold a stray closing tag (the parser would reject the turn as malformed).
     return {"type": "structural_tag",
             "format": {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": tags, "excludes": [TOOL_CALL_CLOSE],
-                       "at_least_one": bool(required and tags)}}
+                       "at_least_one": bool(required and tags), "stop_after_first": bool(single)}}
 
 
 class ToolCallConstraint:
@@ -78,18 +79,18 @@ class ToolCallConstraint:
         self._grammars: dict[str, Any] = {}
 
     def matcher(self, tools: Sequence[ToolSchema] | None, required: bool = False,
-                json_schema: dict[str, Any] | None = None) -> Any | None:
-        """A fresh matcher for one assistant turn (``required``: one that opens with a call; ``json_schema``: a turn
-        that is one JSON value valid for it, an API's ``response_format``, no calls); None when neither tools nor a
-        schema are given (nothing to constrain)."""
+                json_schema: dict[str, Any] | None = None, single: bool = False) -> Any | None:
+        """A fresh matcher for one assistant turn (``required``: one that opens with a call; ``single``: one that
+        ends after its first call; ``json_schema``: a turn that is one JSON value valid for it, an API's
+        ``response_format``, no calls); None when neither tools nor a schema are given (nothing to constrain)."""
         if not tools and json_schema is None:
             return None
-        key = json.dumps([list(tools or []), required, json_schema], sort_keys=True, default=str)
+        key = json.dumps([list(tools or []), required, json_schema, single], sort_keys=True, default=str)
         grammar = self._grammars.get(key)
         if grammar is None:
             grammar = self._grammars[key] = (
                 self.compiler.compile_json_schema(json.dumps(json_schema), any_whitespace=False) if json_schema is not None
-                else self.compiler.compile_structural_tag(json.dumps(tool_call_format(tools or [], required))))
+                else self.compiler.compile_structural_tag(json.dumps(tool_call_format(tools or [], required, single))))
         return self._xgr.GrammarMatcher(grammar)
 
     def bitmask(self, rows: int) -> Any:

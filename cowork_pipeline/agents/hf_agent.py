@@ -245,15 +245,18 @@ class HFAgent:
         require_tool_call: bool = False,
         json_schema: dict[str, Any] | None = None,
         top_logprobs: int = 0,
+        single_tool_call: bool = False,
     ) -> list[Generation]:
         """Batched generation for many conversations; results are in input order and never raise on bad output.
         ``require_tool_call``: each turn offered tools opens with a call; ``json_schema``: each turn is one JSON
         value valid for the schema (no calls). Both are the strict grammar's (ValueError without strict tool calls,
-        which alone can force them). ``top_logprobs``: record each step's k likeliest tokens too."""
+        which alone can force them), as is ``single_tool_call``: each turn ends after its first call.
+        ``top_logprobs``: record each step's k likeliest tokens too."""
         import torch
 
-        if (require_tool_call or json_schema is not None) and self.constraint is None:
-            raise ValueError("a required tool call or a JSON answer needs strict tool calls (HFAgent(strict_tools=True))")
+        if (require_tool_call or single_tool_call or json_schema is not None) and self.constraint is None:
+            raise ValueError("a required or single tool call, or a JSON answer, needs strict tool calls "
+                             "(HFAgent(strict_tools=True))")
 
         temperature = self.temperature if temperature is None else float(temperature)
         top_p = self.top_p if top_p is None else float(top_p)
@@ -283,7 +286,8 @@ class HFAgent:
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
-                                [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema, top_logprobs)
+                                [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema, top_logprobs,
+                                single_tool_call)
             for (i, ids), (comp, lps, slps, finished, tops) in zip(chunk, outs):
                 messages = conversations[i][0]
                 results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages))
@@ -300,7 +304,7 @@ class HFAgent:
     def _decode(
         self, prompts: list[list[int]], temperature: float, top_p: float, max_new: int, generator: Any,
         tools: Sequence[Sequence[ToolSchema] | None] | None = None, require_tool_call: bool = False,
-        json_schema: dict[str, Any] | None = None, top_logprobs: int = 0,
+        json_schema: dict[str, Any] | None = None, top_logprobs: int = 0, single_tool_call: bool = False,
     ) -> list[tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]]]]:
         import torch
         from transformers import DynamicCache
@@ -365,7 +369,8 @@ class HFAgent:
         tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
         stopped = [False] * n
         rows = torch.arange(n, device=dev)  # original index of each live batch row
-        matchers = ([self.constraint.matcher(t, require_tool_call, json_schema) for t in tools or [None] * n]
+        matchers = ([self.constraint.matcher(t, require_tool_call, json_schema, single_tool_call)
+                     for t in tools or [None] * n]
                     if self.constraint is not None else None)
         if matchers is not None and all(m is None for m in matchers):
             matchers = None

@@ -1,9 +1,12 @@
 """Minimal OpenAI-compatible chat-completions server (starlette + uvicorn).
 
 ``POST /v1/chat/completions`` (with ``n``, ``stream``, ``stream_options.include_usage``, ``stop``, ``logprobs``
-and ``top_logprobs``, ``tool_choice`` auto, none, required or a named function, and ``response_format`` text,
-json_object or json_schema: a required call or a JSON answer for a model served with strict tool calls, whose
-grammar makes the turn open with the call, or be one JSON value valid for the schema) and ``GET /v1/models``.
+and ``top_logprobs``, vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids``, ``tool_choice`` auto, none,
+required or a named function, ``parallel_tool_calls`` false, and ``response_format`` text, json_object or
+json_schema: a required or single call or a JSON answer for a model served with strict tool calls, whose grammar
+makes the turn open with the call, end after it, or be one JSON value valid for the schema) and ``GET /v1/models``.
+Settings that change what the model writes and are not implemented here (penalties, logit_bias, top_k, ...) are
+400s unless neutral.
 Any ``Agent`` can be served; agents exposing ``generate(conversations, temperature=, top_p=, max_new_tokens=,
 seed=)`` (``HFAgent``) honour per-request sampling settings and report token usage, other agents are called
 through ``act``. Requests are served one at a time, except that greedy requests arriving together are generated as
@@ -33,6 +36,15 @@ from cowork_pipeline.agents.base import Agent
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_N = 32  # choices per request (``n``)
+# Settings that change what the model writes and that this server does not implement: refused, not ignored (the
+# client expects them honoured). Their neutral values pass, since SDKs send them; settings that change nothing the
+# model writes (user, metadata, store, chat_template_kwargs, ...) are ignored.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
+    "functions": (None, []), "function_call": (None, "none", "auto"), "audio": (None,), "modalities": (None, ["text"]),
+    "prediction": (None,), "top_k": (None, -1, 0), "min_p": (None, 0), "repetition_penalty": (None, 1),
+    "min_tokens": (None, 0), "ignore_eos": (None, False), "best_of": (None, 1), "use_beam_search": (None, False),
+}
 
 
 class BadRequest(Exception):
@@ -84,6 +96,14 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
                 or not isinstance(fn.get("name"), str):
             raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
     tools, opts = _tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    if parallel is False and tools:
+        opts["single_tool_call"] = True
+    for key, neutral in _UNSUPPORTED.items():
+        if key in body and body[key] not in neutral:
+            raise BadRequest(f"'{key}' is not supported by this server (it would be ignored); leave it out", key)
     if (schema := _json_schema(body.get("response_format"))) is not None:
         if tools:
             raise BadRequest("a JSON response_format with tools is not supported: the answer is either calls or one JSON "
@@ -132,8 +152,13 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise BadRequest("'seed' must be an integer", "seed")
         opts["seed"] = seed
+    flags = {}
+    for key in ("return_token_ids", "return_tokens_as_token_ids"):  # (vLLM's, which RL frameworks read)
+        if body.get(key) is not None and not isinstance(body[key], bool):
+            raise BadRequest(f"'{key}' must be a boolean", key)
+        flags[key] = bool(body.get(key))
     delivery = {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or [],
-                "logprobs": bool(logprobs), "n": n}
+                "logprobs": bool(logprobs), "n": n, **flags}
     return messages, tools, opts, delivery
 
 
@@ -235,47 +260,53 @@ def _token_bytes(tokenizer: Any) -> Callable[[int], bytes]:
     return of
 
 
-def _token_logprobs(tokenizer: Any, generation: Any, stop: list[str]) -> dict[str, Any]:
-    """Each generated token's log-probability under the model (the text of a tool call too; the stop token not), up
-    to where a stop sequence cut the text, in the API's ``logprobs.content`` shape, with the k likeliest tokens at
-    each step where the request asked for ``top_logprobs``."""
-    token_bytes = _token_bytes(tokenizer)
-
-    def entry(tid: int, lp: float) -> dict[str, Any]:
-        raw = token_bytes(tid)
-        return {"token": raw.decode(errors="replace"), "logprob": lp, "bytes": list(raw)}
-
+def _kept(token_bytes: Callable[[int], bytes], generation: Any, stop: list[str]) -> int:
+    """How many completion tokens the answer's text holds: those wholly before where a stop sequence cut the text
+    (counted in bytes: a token may hold part of a character), or all but the stop token where none did."""
     text = generation.text
     cut = _stop_at(text, stop)
-    limit = len((text if cut is None else text[:cut]).encode())  # (in bytes: a token may hold part of a character)
-    tops = generation.top_logprobs or [[]] * len(generation.completion_ids)
-    out, at = [], 0
-    for tid, lp, top in zip(generation.completion_ids, generation.logprobs, tops):
-        token = entry(tid, lp)
-        at += len(token["bytes"])
+    limit, at = len((text if cut is None else text[:cut]).encode()), 0
+    for k, tid in enumerate(generation.completion_ids):
+        at += len(token_bytes(tid))
         if at > limit:
-            break
-        out.append(token | {"top_logprobs": [entry(t, v) for t, v in top]})
-    return {"content": out}
+            return k
+    return len(generation.completion_ids)
 
 
-def _chunks(head: dict[str, Any], choices: list[dict[str, Any]], usage: dict[str, int], usage_chunk: bool):
+def _token_logprobs(token_bytes: Callable[[int], bytes], generation: Any, kept: int, as_ids: bool) -> dict[str, Any]:
+    """The ``kept`` tokens' log-probabilities under the model (the text of a tool call too), in the API's
+    ``logprobs.content`` shape, with the k likeliest tokens at each step where the request asked for
+    ``top_logprobs``; ``as_ids`` names each token ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``)."""
+    def entry(tid: int, lp: float) -> dict[str, Any]:
+        raw = token_bytes(tid)
+        return {"token": f"token_id:{tid}" if as_ids else raw.decode(errors="replace"), "logprob": lp, "bytes": list(raw)}
+
+    tops = generation.top_logprobs or [[]] * len(generation.completion_ids)
+    return {"content": [entry(tid, lp) | {"top_logprobs": [entry(t, v) for t, v in top]}
+                        for tid, lp, top in zip(generation.completion_ids[:kept], generation.logprobs, tops)]}
+
+
+def _chunks(head: dict[str, Any], choices: list[dict[str, Any]], usage: dict[str, int], usage_chunk: bool,
+            prompt_token_ids: list[int] | None = None):
     """The choices as chat.completion.chunk events (server-sent events, then ``[DONE]``), one choice after the
-    other, each by its index: the role, the text, each tool call whole (index, id, name and arguments in one delta),
-    the finish reason; with ``stream_options.include_usage`` a last chunk with the usage and no choices (earlier
-    chunks carry usage null)."""
+    other, each by its index: the role (the first chunk with the prompt's token ids where asked for), the text with
+    its logprobs and token ids, each tool call whole (index, id, name and arguments in one delta), the finish
+    reason; with ``stream_options.include_usage`` a last chunk with the usage and no choices (earlier chunks carry
+    usage null)."""
     extra = {"usage": None} if usage_chunk else {}
 
-    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
-              lps: dict[str, Any] | None = None) -> str:
-        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": lps}
-        return f"data: {json.dumps({**head, 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None, lps: dict[str, Any] | None = None,
+              ids: dict[str, Any] | None = None, top: dict[str, Any] | None = None) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": lps} | (ids or {})
+        return f"data: {json.dumps({**head, **(top or {}), 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
 
     for c in choices:
         message, index, logprobs = c["message"], c["index"], c["logprobs"]
-        yield chunk(index, {"role": "assistant", "content": ""})
-        if message.get("content") or logprobs:
-            yield chunk(index, {"content": message.get("content") or ""}, lps=logprobs)
+        first = {"prompt_token_ids": prompt_token_ids} if prompt_token_ids is not None and c is choices[0] else None
+        yield chunk(index, {"role": "assistant", "content": ""}, top=first)
+        ids = {"token_ids": c["token_ids"]} if "token_ids" in c else None
+        if message.get("content") or logprobs or ids:
+            yield chunk(index, {"content": message.get("content") or ""}, lps=logprobs, ids=ids)
         for i, call in enumerate(message.get("tool_calls") or []):
             yield chunk(index, {"tool_calls": [{"index": i, **call}]})
         yield chunk(index, {}, c["finish_reason"])
@@ -365,38 +396,52 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
             messages, tools, opts, delivery = _validate(body)
             if getattr(agent, "constraint", None) is None:
                 # (only a grammar can make the model call, or answer in JSON; anything else breaks the client's contract)
-                for key, param in (("require_tool_call", "tool_choice"), ("json_schema", "response_format")):
+                for key, param in (("require_tool_call", "tool_choice"), ("json_schema", "response_format"),
+                                   ("single_tool_call", "parallel_tool_calls")):
                     if key in opts:
                         raise BadRequest(f"this {param} needs a model served with strict tool calls; {name} is not", param)
-            if delivery["logprobs"] and not callable(getattr(agent, "generate", None)):
-                raise BadRequest(f"{name} does not report token log-probabilities", "logprobs")
+            if not callable(getattr(agent, "generate", None)):
+                if delivery["logprobs"]:
+                    raise BadRequest(f"{name} does not report token log-probabilities", "logprobs")
+                if delivery["return_token_ids"]:
+                    raise BadRequest(f"{name} does not report token ids", "return_token_ids")
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
         try:
             answers = await run_in_threadpool(batcher.run, messages, tools, opts, delivery["n"])
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}", err_type="server_error")
-        choices = [_choice(i, *answer, delivery) for i, answer in enumerate(answers)]
+        token_bytes = _token_bytes(agent.tokenizer) if answers[0][3] is not None else None
+        choices = [_choice(i, *answer, delivery, token_bytes) for i, answer in enumerate(answers)]
+        prompt_ids = {"prompt_token_ids": list(answers[0][3].prompt_ids)} \
+            if delivery["return_token_ids"] and answers[0][3] is not None else {}
         # (the prompt is read once, whatever n; every choice's tokens count)
         usage = dict(answers[0][2], completion_tokens=sum(a[2]["completion_tokens"] for a in answers))
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model") or name}
         if delivery["stream"]:  # (generated whole, as a batch; then sent as the events a streaming client reads)
-            events = _chunks({**head, "object": "chat.completion.chunk"}, choices, usage, delivery["usage_chunk"])
+            events = _chunks({**head, "object": "chat.completion.chunk"}, choices, usage, delivery["usage_chunk"],
+                             prompt_ids.get("prompt_token_ids"))
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage})
+        return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage, **prompt_ids})
 
     def _choice(index: int, message: dict[str, Any], finish: str, _usage: dict[str, int], generation: Any,
-                delivery: dict[str, Any]) -> dict[str, Any]:
+                delivery: dict[str, Any], token_bytes: Callable[[int], bytes] | None) -> dict[str, Any]:
         said, finish = _stopped(message, finish, delivery["stop"])
-        lps = _token_logprobs(agent.tokenizer, generation, delivery["stop"] if said is not message else []) \
-            if delivery["logprobs"] and generation is not None else None
+        out: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
+        if generation is not None and token_bytes is not None and (delivery["logprobs"] or delivery["return_token_ids"]):
+            cut = said is not message
+            kept = _kept(token_bytes, generation, delivery["stop"] if cut else [])
+            if delivery["logprobs"]:
+                out["logprobs"] = _token_logprobs(token_bytes, generation, kept, delivery["return_tokens_as_token_ids"])
+            if delivery["return_token_ids"]:  # (the stop token too, where it ended the turn: a trainer learns it)
+                out["token_ids"] = list(generation.completion_ids[:kept] if cut else generation.completion_ids)
         out_msg: dict[str, Any] = {"role": "assistant", "content": said.get("content")}
         if said.get("tool_calls"):
             out_msg["tool_calls"] = said["tool_calls"]
         if said.get("parse_error"):
             out_msg["parse_error"] = said["parse_error"]  # non-standard; clients ignore unknown fields
-        return {"index": index, "message": out_msg, "finish_reason": finish, "logprobs": lps}
+        return {"message": out_msg} | out
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse(
