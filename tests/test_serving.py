@@ -451,6 +451,30 @@ def test_parallel_tool_calls_false_ends_the_served_student_s_turn_after_its_firs
                                            ).choices[0].message.tool_calls == both.choices[0].message.tool_calls
 
 
+def test_what_the_served_student_reports_is_what_an_rl_trainer_recomputes(student_checkpoint):
+    """An RL trainer driving the served student samples a group (`n`), trains on the token ids it gets back and
+    takes the logprobs as the sampling policy's: a forward pass of the same weights over those ids gives the same
+    log-probabilities (a PPO ratio of 1 before the update), here for a model whose embedding has size-padding rows
+    beyond the tokenizer's vocabulary (pretrained checkpoints have them too)."""
+    import torch
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.rl import _forward_logprobs, _vocab_limit
+
+    trainer = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64)
+    assert len(trainer.tokenizer) < trainer.model.config.vocab_size  # (the case this test is about)
+    done = _demos(1)[0]["messages"][:4]
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        group = client(base).chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], n=4, temperature=1.0,
+                                                     seed=3, logprobs=True, extra_body={"return_token_ids": True})
+    prompt_ids = group.model_extra["prompt_token_ids"]
+    for choice in group.choices:
+        ids, served = choice.model_extra["token_ids"], [t.logprob for t in choice.logprobs.content]
+        with torch.no_grad():
+            lp, _ = _forward_logprobs(trainer.model, [(prompt_ids, ids)], 1.0, _vocab_limit(trainer), "cpu")
+        assert lp[0, : len(served)].tolist() == pytest.approx(served, abs=1e-4)
+
+
 def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):
     """`n` (a GRPO-style trainer asks for a group of samples per prompt): n sampled choices, each the sample that
     `HFAgent.generate` draws for n copies of the conversation with that seed, so the same request gets the same

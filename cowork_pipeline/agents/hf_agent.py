@@ -59,7 +59,8 @@ class Generation:
 class Sample:
     """A sampled turn for RL.
 
-    ``logprobs[i]`` is log p(completion_ids[i]) under the model's *raw* distribution (temperature 1, no top-p):
+    ``logprobs[i]`` is log p(completion_ids[i]) under the model's *raw* distribution (temperature 1, no top-p, over
+    the tokenizer's tokens: embedding rows of size padding excluded):
     the quantity a policy-gradient trainer recomputes for the current policy, so ratios are consistent.
     ``sampling_logprobs[i]`` is the same token's log-prob under the distribution actually sampled from
     (temperature / top-p applied), for off-policy corrections when sampling with temperature != 1; with
@@ -385,10 +386,11 @@ class HFAgent:
             logits = out.logits[:, -1, :].float()
             next_pos = pos[:, -1] + 1
             for step in range(max_new):
-                raw_logp = torch.log_softmax(logits, dim=-1)
                 if self._n_real_tokens < logits.shape[-1]:
-                    # Embedding rows past the tokenizer's vocab (size padding) are never chosen.
+                    # Embedding rows past the tokenizer's vocab (size padding) are never chosen, nor counted in the
+                    # raw distribution (as the RL trainer recomputes it: ratios start at exactly 1).
                     logits[:, self._n_real_tokens:] = float("-inf")
+                raw_logp = torch.log_softmax(logits, dim=-1)
                 if matchers is not None:
                     self.constraint.apply(logits, [matchers[r] for r in rows.tolist()], bitmask)
                     # A row the grammar leaves no token for (cannot happen for a well-formed grammar) ends its turn.
