@@ -476,15 +476,16 @@ def test_what_the_served_student_reports_is_what_an_rl_trainer_recomputes(studen
 
 
 def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):
-    """`n` (a GRPO-style trainer asks for a group of samples per prompt): n sampled choices, each the sample that
-    `HFAgent.generate` draws for n copies of the conversation with that seed, so the same request gets the same
-    group again; greedy, n copies of the one answer. Every choice's tokens count in the usage; streamed, each
-    choice comes by its index."""
+    """`n` (a GRPO-style trainer asks for a group of samples per prompt): n sampled choices, choice i the sample
+    `HFAgent.generate` draws from its i-th random stream of that seed (the first: the seed's own, what a request for
+    one choice gets), so the same request gets the same group again; greedy, n copies of the one answer. Every
+    choice's tokens count in the usage; streamed, each choice comes by its index."""
     from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.serving.server import _choice_seed
 
     done = _demos(1)[0]["messages"][:4]
     want = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64).generate(
-        [(done, [MAIL_SEND])] * 4, temperature=1.0, seed=3)
+        [(done, [MAIL_SEND])] * 4, temperature=1.0, seeds=[_choice_seed(3, i) for i in range(4)])
 
     def said(choice) -> tuple:
         return (choice.message.content or None, [c.function.name for c in choice.message.tool_calls or []])
@@ -502,6 +503,8 @@ def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):
         assert group.usage.completion_tokens == sum(len(g.completion_ids) for g in want)
         again = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], n=4, temperature=1.0, seed=3)
         assert [said(c) for c in again.choices] == [said(c) for c in group.choices]
+        alone = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], temperature=1.0, seed=3)
+        assert said(alone.choices[0]) == said(group.choices[0])
 
         one = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND])
         three = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], n=3)
@@ -534,9 +537,11 @@ def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(stud
     assert want.get("content") and not want.get("tool_calls")  # the second step is the student's reply
 
 
-def test_concurrent_greedy_requests_are_generated_as_one_batch_with_the_answers_they_get_alone(student_checkpoint):
-    """Greedy requests arriving together share one batched generate call, each answered as it is alone; a sampled
-    request is generated alone (a batch would share its random stream), so its seed still reproduces it."""
+def test_concurrent_requests_are_generated_as_one_batch_with_the_answers_they_get_alone(student_checkpoint):
+    """Requests arriving together share one batched generate call, each answered as it is alone: greedy ones, and
+    sampled ones, whose seed reproduces them whatever they were batched with (each samples from its own random
+    stream). Sampled requests without a seed get fresh samples: a trainer that sends a group of requests for a group
+    of rollouts does not get one rollout eight times."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cowork_pipeline.agents.hf_agent import HFAgent
@@ -561,7 +566,17 @@ def test_concurrent_greedy_requests_are_generated_as_one_batch_with_the_answers_
         assert [(m.get("content") or None, m.get("tool_calls")) for m in together] == \
                [(m.get("content") or None, m.get("tool_calls")) for m in alone]
         served.batches.clear()
-        sampled = OpenAIAgent(base + "/v1", "student", max_tokens=48, concurrency=8, temperature=1.0, seed=3)
-        with ThreadPoolExecutor(4) as pool:
-            runs = list(pool.map(lambda _: sampled.act(convs[0], [MAIL_SEND]), range(4)))
-        assert served.batches == [1, 1, 1, 1] and all(r == runs[0] for r in runs)
+        api = client(base)
+
+        def sample(conv: list[dict], **seed: int) -> list[int]:
+            resp = api.chat.completions.create(model="student", messages=conv, tools=[MAIL_SEND], max_tokens=48,
+                                               temperature=1.0, extra_body={"return_token_ids": True}, **seed)
+            return resp.choices[0].model_extra["token_ids"]
+
+        with ThreadPoolExecutor(8) as pool:
+            seeded = list(pool.map(lambda c: sample(c, seed=3), convs))
+        assert max(served.batches) > 1
+        assert seeded == [local.generate([(c, [MAIL_SEND])], temperature=1.0, seeds=[3])[0].completion_ids for c in convs]
+        with ThreadPoolExecutor(8) as pool:
+            fresh = list(pool.map(lambda _: sample(convs[0]), range(8)))
+        assert len({tuple(ids) for ids in fresh}) > 1

@@ -247,18 +247,23 @@ class HFAgent:
         json_schema: dict[str, Any] | None = None,
         top_logprobs: int = 0,
         single_tool_call: bool = False,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
         """Batched generation for many conversations; results are in input order and never raise on bad output.
         ``require_tool_call``: each turn offered tools opens with a call; ``json_schema``: each turn is one JSON
         value valid for the schema (no calls). Both are the strict grammar's (ValueError without strict tool calls,
         which alone can force them), as is ``single_tool_call``: each turn ends after its first call.
-        ``top_logprobs``: record each step's k likeliest tokens too."""
+        ``top_logprobs``: record each step's k likeliest tokens too. ``seeds`` (one per conversation, in place of
+        ``seed``): each conversation samples from its own random stream, so its sample does not depend on what it is
+        batched with (with one ``seed`` the batch shares one stream)."""
         import torch
 
         if (require_tool_call or single_tool_call or json_schema is not None) and self.constraint is None:
             raise ValueError("a required or single tool call, or a JSON answer, needs strict tool calls "
                              "(HFAgent(strict_tools=True))")
 
+        if seeds is not None and len(seeds) != len(conversations):
+            raise ValueError(f"{len(seeds)} seeds for {len(conversations)} conversations")
         temperature = self.temperature if temperature is None else float(temperature)
         top_p = self.top_p if top_p is None else float(top_p)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
@@ -286,6 +291,8 @@ class HFAgent:
         prompts.sort(key=lambda p: len(p[1]))
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
+            if seeds is not None:
+                generator = [torch.Generator(device=self.device).manual_seed(int(seeds[i])) for i, _ in chunk]
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
                                 [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema, top_logprobs,
                                 single_tool_call)
@@ -404,7 +411,12 @@ class HFAgent:
                     samp = torch.log_softmax(logits / temperature, dim=-1)
                     if top_p < 1.0:
                         samp = _top_p_filter(samp, top_p)
-                    tok = torch.multinomial(samp.exp(), 1, generator=generator).squeeze(-1)
+                    if isinstance(generator, list):  # a random stream per row (generate's seeds)
+                        probs = samp.exp()
+                        tok = torch.cat([torch.multinomial(probs[j], 1, generator=generator[r])
+                                         for j, r in enumerate(rows.tolist())])
+                    else:
+                        tok = torch.multinomial(samp.exp(), 1, generator=generator).squeeze(-1)
                     samp_logp = samp.gather(-1, tok[:, None]).squeeze(-1)
                 tok_lp = raw_logp.gather(-1, tok[:, None]).squeeze(-1)
                 if top_logprobs:  # (of the raw distribution, as logprobs; size-padding rows are no tokens)

@@ -9,14 +9,16 @@ Settings that change what the model writes and are not implemented here (penalti
 400s unless neutral.
 Any ``Agent`` can be served; agents exposing ``generate(conversations, temperature=, top_p=, max_new_tokens=,
 seed=)`` (``HFAgent``) honour per-request sampling settings and report token usage, other agents are called
-through ``act``. Requests are served one at a time, except that greedy requests arriving together are generated as
-one batch (the agent's batched, KV-cached decoding is where throughput comes from; concurrent clients such as
-`cowork eval` feed it), and a request's ``n`` samples are generated as one batch.
+through ``act``. Requests arriving together with the same settings are generated as one batch (the agent's
+batched, KV-cached decoding is where throughput comes from; concurrent clients such as `cowork eval` or an RL
+framework's rollout workers feed it), each answer as it is alone: a sampled one is reproduced by its seed.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -315,11 +317,21 @@ def _chunks(head: dict[str, Any], choices: list[dict[str, Any]], usage: dict[str
     yield "data: [DONE]\n\n"
 
 
+def _choice_seed(seed: int, index: int) -> int:
+    """The random stream of choice ``index`` of a request sampled with ``seed``: choice 0 samples from the seed's own
+    (as a request for one choice does), later ones from streams mixed from it."""
+    if index == 0:
+        return seed
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest(), "big") >> 1
+
+
 class _Batcher:
-    """Greedy requests that arrive together are generated together: one ``generate`` call per group of requests
-    with the same options, so concurrent clients share the agent's batched, KV-cached decoding. A greedy answer
-    does not depend on what it is batched with; a sampled one would (the batch shares one random stream), so
-    requests with a temperature above 0 run alone, in arrival order, and stay reproducible by their seed."""
+    """Requests that arrive together with the same options are generated together: one ``generate`` call, so
+    concurrent clients share the agent's batched, KV-cached decoding. What a request gets does not depend on what
+    it is batched with: greedy decoding draws nothing, and each sampled choice draws from its own random stream,
+    seeded by the request's seed and the choice's index, so a seed reproduces its answer whatever else is in the
+    batch. A sampled request without a seed gets a fresh one, as OpenAI's and vLLM's servers draw afresh: clients
+    that send a group of requests to sample a group of rollouts get different samples."""
 
     def __init__(self, agent: Agent, max_batch: int = 32, gather_s: float = 0.005):
         self.agent, self.max_batch, self.gather_s = agent, max_batch, gather_s
@@ -329,51 +341,58 @@ class _Batcher:
         threading.Thread(target=self._loop, daemon=True, name="cowork-serve-batcher").start()
 
     def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1) -> list[Any]:
-        """The request's ``n`` answers: one greedy answer n times (greedy decoding draws nothing, so n copies would
-        be the same), or n samples generated together, reproducible by the seed and n."""
+        """The request's ``n`` answers: one greedy answer n times (n copies would be the same), or n samples."""
         fut: Future = Future()
         with self.cond:
             self.queue.append((messages, tools, opts, n, fut))
             self.cond.notify()
         return fut.result()
 
-    def _batchable(self, opts: dict[str, Any]) -> bool:
+    def _sampled(self, opts: dict[str, Any]) -> bool:
         t = opts.get("temperature")
-        return callable(getattr(self.agent, "generate", None)) and ((t is None and self.greedy) or (t is not None and t <= 0.0))
+        return not self.greedy if t is None else t > 0.0
 
     @staticmethod
     def _key(opts: dict[str, Any]) -> str:
-        """Greedy requests batch together whatever their seeds (greedy decoding draws nothing)."""
+        """Requests batch together whatever their seeds (each choice has its own random stream)."""
         return json.dumps({k: v for k, v in opts.items() if k != "seed"}, sort_keys=True)
 
     def _loop(self) -> None:
+        generate = getattr(self.agent, "generate", None)
         while True:
             with self.cond:
                 while not self.queue:
                     self.cond.wait()
                 first = self.queue[0]
-            if self._batchable(first[2]):
+            if callable(generate):
                 time.sleep(self.gather_s)  # let requests sent at the same moment join this batch
             with self.cond:
-                if self._batchable(first[2]):
+                if callable(generate):
                     key = self._key(first[2])
-                    batch = [r for r in self.queue if self._batchable(r[2]) and self._key(r[2]) == key][: self.max_batch]
+                    batch = [r for r in self.queue if self._key(r[2]) == key][: self.max_batch]
                 else:
                     batch = [first]
                 self.queue = [r for r in self.queue if not any(r is b for b in batch)]
             try:
-                generate = getattr(self.agent, "generate", None)
                 if not callable(generate):  # a plain agent (one request per batch): its act, no token usage
                     m, t, _o, n, fut = batch[0]
                     fut.set_result([_answer(self.agent.act(m, t), "stop", 0, 0) for _ in range(n)])
                     continue
-                copies = [1 if self._batchable(o) else n for _m, _t, o, n, _f in batch]
-                gens = generate([(m, t) for (m, t, *_rest), c in zip(batch, copies) for _ in range(c)], **first[2])
+                sampled = self._sampled(first[2])
+                rows: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+                seeds: list[int] = []
+                for m, t, o, n, _f in batch:
+                    seed = o.get("seed", secrets.randbits(63)) if sampled else 0
+                    copies = n if sampled else 1
+                    rows += [(m, t)] * copies
+                    seeds += [_choice_seed(seed, i) for i in range(copies)]
+                gens = generate(rows, **{k: v for k, v in first[2].items() if k != "seed"}, seeds=seeds)
                 at = 0
-                for (_m, _t, _o, n, fut), c in zip(batch, copies):
+                for _m, _t, _o, n, fut in batch:
+                    c = n if sampled else 1
                     mine, at = gens[at : at + c], at + c
                     fut.set_result([_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids), g)
-                                    for g in (mine * n if c == 1 else mine)])
+                                    for g in (mine if sampled else mine * n)])
             except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as a 500
                 for *_rest, fut in batch:
                     if not fut.done():
