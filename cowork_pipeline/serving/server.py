@@ -382,11 +382,12 @@ class _Batcher:
                 rows: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
                 seeds: list[int] = []
                 for m, t, o, n, _f in batch:
-                    seed = o.get("seed", secrets.randbits(63)) if sampled else 0
                     copies = n if sampled else 1
                     rows += [(m, t)] * copies
+                    seed = o["seed"] if "seed" in o else secrets.randbits(63)
                     seeds += [_choice_seed(seed, i) for i in range(copies)]
-                gens = generate(rows, **{k: v for k, v in first[2].items() if k != "seed"}, seeds=seeds)
+                opts = {k: v for k, v in first[2].items() if k != "seed"}
+                gens = generate(rows, **opts, seeds=seeds) if sampled else generate(rows, **opts)
                 at = 0
                 for _m, _t, _o, n, fut in batch:
                     c = n if sampled else 1
