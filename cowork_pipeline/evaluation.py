@@ -94,7 +94,8 @@ def evaluate(agent: Any, envs: Sequence[tuple[EnvironmentSpec, str]], sandbox: A
         if clean_trial and fault_rate > 0:
             cases.append((env, None))
             meta.append((env, split, trials))
-    trajs = run_episodes(cases, agent, limits=limits)
+    # Each trial its own seed, for an agent that samples (a trial is one sample of the agent, not the same one again).
+    trajs = run_episodes(cases, agent, limits=limits, seeds=[sub_seed(seed, env.env_id, t) for env, _s, t in meta])
     grades = grade_many(sandbox, [(env, tr, None) for (env, _f), tr in zip(cases, trajs)])
     name = getattr(agent, "name", type(agent).__name__)
     described = json.dumps(agent_config or {}, sort_keys=True, default=str)

@@ -146,8 +146,11 @@ def run_episodes(
     *,
     limits: Limits = Limits(),
     user: UserSimulator | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[Trajectory]:
-    """Run many episodes in lockstep so a batching agent (``act_batch``) generates for all at once."""
+    """Run many episodes in lockstep so a batching agent (``act_batch``) generates for all at once. ``seeds``: each
+    episode's own, handed to an agent that samples each episode from its own seed (``per_episode_seeds``:
+    ``act_batch(conversations, seeds=...)``), so that trials of one environment are not one sample repeated."""
     name = getattr(agent, "name", type(agent).__name__)
     gens = [episode(env, name, faults=f, limits=limits, user=user) for env, f in cases]
     out: list[Trajectory | None] = [None] * len(gens)
@@ -158,11 +161,15 @@ def run_episodes(
         except StopIteration as stop:
             out[i] = stop.value
     batch_fn = getattr(agent, "act_batch", None)
+    seeded = batch_fn is not None and seeds is not None and getattr(agent, "per_episode_seeds", False)
     while pending:
         idx = sorted(pending)
         reqs = [pending[i] for i in idx]
         try:
-            replies = batch_fn(reqs) if batch_fn else [agent.act(*r) for r in reqs]
+            if seeded:
+                replies = batch_fn(reqs, seeds=[seeds[i] for i in idx])
+            else:
+                replies = batch_fn(reqs) if batch_fn else [agent.act(*r) for r in reqs]
             errors: list[Exception | None] = [None] * len(idx)
         except Exception as e:  # noqa: BLE001 - one failing batch fails its episodes, recorded
             replies, errors = [None] * len(idx), [e] * len(idx)

@@ -189,6 +189,28 @@ def test_a_response_cache_replays_an_evaluation_without_requests(scripted, tmp_p
     assert again.drop("messages_json").equals(first.drop("messages_json")) and not again["passed"].any()
 
 
+def test_each_trial_of_a_sampled_evaluation_is_its_own_sample(scripted, tmp_path, sb):
+    """Sampling, each trial sends its own seed (mixed from the agent's and the trial's), so the trials of an
+    environment are not one sample repeated (by a server that honours seeds, or by the response cache on a re-run);
+    the same evaluation sends the same seeds again. Greedy, every request keeps the agent's seed (and its cached
+    answers), and its agent key is unchanged."""
+    env = _env("invoice_reconcile")
+    s = scripted(lambda body, n: (200, _body({"content": "Done."})))
+
+    def first_seeds(agent: OpenAIAgent) -> list[int]:
+        before = len(s.requests)
+        evaluate(agent, [(env, "heldout_env")], sb, trials=2, fault_rate=0.3)  # two faulted trials and a clean one
+        return sorted(r["body"]["seed"] for r in s.requests[before:])
+
+    sampled = first_seeds(s.agent(temperature=0.7))
+    assert len(sampled) == 3 and len(set(sampled)) == 3  # (each trial's one request: "Done." ends the episode)
+    assert first_seeds(s.agent(temperature=0.7)) == sampled
+    assert first_seeds(s.agent(temperature=0.7, seed=1)) != sampled
+    assert first_seeds(s.agent()) == [0, 0, 0]
+    assert "seed_per_episode" not in s.agent().describe()
+    assert s.agent(temperature=0.7).describe()["seed_per_episode"] is True
+
+
 def test_bad_settings_fail_at_construction():
     with pytest.raises(ValueError, match="http"):
         OpenAIAgent("ftp://example/v1", "m")

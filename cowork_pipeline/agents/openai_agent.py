@@ -12,6 +12,7 @@ of a batch are sent concurrently (``concurrency`` requests in flight).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -156,7 +157,13 @@ def _response_message(choice: dict[str, Any], content: str | None, id_offset: in
 
 
 class OpenAIAgent:
-    """``act``/``act_batch`` over ``{base_url}/chat/completions`` (see the module docstring)."""
+    """``act``/``act_batch`` over ``{base_url}/chat/completions`` (see the module docstring).
+
+    Sampling (a temperature above 0, or one the endpoint refused, so its own), each episode sends its own seed, mixed
+    from ``seed`` and the episode's (the runner's ``seeds``): otherwise every trial of an environment would open
+    with the same request, one sample (from a server that honours seeds, and from the response cache) repeated."""
+
+    per_episode_seeds = True
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, name: str | None = None,
                  temperature: float = 0.0, top_p: float | None = None, max_tokens: int | None = None, seed: int | None = 0,
@@ -179,16 +186,23 @@ class OpenAIAgent:
 
     def describe(self) -> dict[str, Any]:
         """The model and how it is asked (no API key, no concurrency): kept with its scores, so a score names its model."""
-        return {"model": self.model, "base_url": self.client.base_url, "temperature": self.temperature, "top_p": self.top_p,
-                "max_tokens": self.max_tokens, "seed": self.seed, "text_tool_calls": self.text_tool_calls, "extra_body": self.extra_body}
+        out = {"model": self.model, "base_url": self.client.base_url, "temperature": self.temperature, "top_p": self.top_p,
+               "max_tokens": self.max_tokens, "seed": self.seed, "text_tool_calls": self.text_tool_calls, "extra_body": self.extra_body}
+        # (greedy agents' keys stay as they were, so their scored trials are kept)
+        return out | ({"seed_per_episode": True} if self.temperature > 0 else {})
 
     def key(self) -> str:
         """A trial row's agent_key: the hash of ``describe()``."""
-        import hashlib
-
         return hashlib.sha256(json.dumps(self.describe(), sort_keys=True, default=str).encode()).hexdigest()[:20]
 
-    def payload(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> dict[str, Any]:
+    def _seed(self, episode_seed: int | None) -> int | None:
+        """The request's seed: ``seed``, mixed with the episode's where the agent samples."""
+        if self.seed is None or episode_seed is None or not (self.temperature > 0 or "temperature" in self.client.adapted):
+            return self.seed
+        return int.from_bytes(hashlib.sha256(f"{self.seed}:{episode_seed}".encode()).digest()[:4], "big") >> 1
+
+    def payload(self, messages: Sequence[Message], tools: Sequence[ToolSchema],
+                episode_seed: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": request_messages(messages), "temperature": self.temperature}
         if tools:
             body["tools"] = list(tools)
@@ -197,13 +211,14 @@ class OpenAIAgent:
             body["top_p"] = self.top_p
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
-        if self.seed is not None:
-            body["seed"] = self.seed
+        if (seed := self._seed(episode_seed)) is not None:
+            body["seed"] = seed
         return {**body, **self.extra_body}
 
-    def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema]) -> Message:
+    def act(self, messages: Sequence[Message], tools: Sequence[ToolSchema], episode_seed: int | None = None) -> Message:
         try:
-            body, attempts = self.client.post(self.payload(messages, tools), optional=("seed", "tool_choice", "temperature", "top_p"))
+            body, attempts = self.client.post(self.payload(messages, tools, episode_seed),
+                                              optional=("seed", "tool_choice", "temperature", "top_p"))
         except TransportError as e:
             with self._lock:
                 self.usage["requests"] += 1
@@ -221,19 +236,21 @@ class OpenAIAgent:
         offered = frozenset(str((t.get("function") or {}).get("name")) for t in tools if isinstance(t, dict))
         return response_message(body, id_offset=earlier, text_tool_calls=self.text_tool_calls, tool_names=offered)
 
-    def act_batch(self, conversations: Sequence[tuple[Sequence[Message], Sequence[ToolSchema]]]) -> list[Message | Exception]:
+    def act_batch(self, conversations: Sequence[tuple[Sequence[Message], Sequence[ToolSchema]]],
+                  seeds: Sequence[int] | None = None) -> list[Message | Exception]:
         """One message per conversation, or the exception its request ended in (the runner ends that episode
-        with it and goes on with the others)."""
-        def one(conv: tuple[Sequence[Message], Sequence[ToolSchema]]) -> Message | Exception:
+        with it and goes on with the others); ``seeds``: each conversation's episode seed."""
+        def one(conv: tuple[Sequence[Message], Sequence[ToolSchema]], seed: int | None) -> Message | Exception:
             try:
-                return self.act(*conv)
+                return self.act(*conv, episode_seed=seed)
             except Exception as e:  # noqa: BLE001 - one endpoint failure is one episode's, not the batch's
                 return e
 
+        episode_seeds = list(seeds) if seeds is not None else [None] * len(conversations)
         if len(conversations) <= 1 or self.concurrency == 1:
-            return [one(c) for c in conversations]
+            return [one(c, s) for c, s in zip(conversations, episode_seeds)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
-            return list(pool.map(one, conversations))
+            return list(pool.map(one, conversations, episode_seeds))
 
 
 __all__ = ["EndpointError", "OpenAIAgent", "bare_calls", "request_messages", "response_message"]
