@@ -81,6 +81,16 @@ def _add_generator_args(parser: argparse.ArgumentParser) -> None:
                    help="ask the endpoint again even for a request answered before (default: replay answers kept in <home>/llm-cache)")
 
 
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 2.0:
+        raise argparse.ArgumentTypeError(f"a temperature is a number in [0, 2], not {text!r}")
+    return value
+
+
 def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models to benchmark behind OpenAI-compatible endpoints (repeat for several)")
     g.add_argument("--endpoint", action="append", default=[], metavar="BASE_URL",
@@ -92,6 +102,8 @@ def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
                    help="environment variable holding the endpoints' API key (default OPENAI_API_KEY; unset: none sent)")
     g.add_argument("--endpoint-concurrency", type=int, default=8, metavar="N", help="requests in flight per endpoint (default 8)")
     g.add_argument("--endpoint-max-tokens", type=int, default=0, metavar="N", help="tokens per turn (default: the endpoint's)")
+    g.add_argument("--endpoint-temperature", type=_temperature, default=0.0, metavar="T",
+                   help="sampling temperature (default 0: greedy); above 0, each trial samples with its own seed")
     g.add_argument("--no-agent-cache", action="store_true",
                    help="ask the endpoints again even for requests answered before (default: replay answers kept in <home>/agent-cache)")
     b = parser.add_argument_group("benchmark scores kept between runs")
@@ -126,7 +138,8 @@ def _agents(args: argparse.Namespace) -> Any:
         teacher = EndpointConfig(base_url=args.teacher_endpoint, model=args.teacher_model or "", api_key_env=args.teacher_api_key_env,
                                  concurrency=args.teacher_concurrency)
     agents = AgentsResource(endpoints=[EndpointConfig(base_url=u, model=m, name=n, api_key_env=args.endpoint_api_key_env,
-                                                      concurrency=args.endpoint_concurrency, max_tokens=args.endpoint_max_tokens)
+                                                      concurrency=args.endpoint_concurrency, max_tokens=args.endpoint_max_tokens,
+                                                      temperature=args.endpoint_temperature)
                                        for u, m, n in zip(endpoints, args.endpoint_model, names)],
                             teacher=teacher, response_cache=not getattr(args, "no_agent_cache", False),
                             rescore=getattr(args, "rescore", False), keep_earlier_endpoints=not getattr(args, "drop_earlier_endpoints", False),

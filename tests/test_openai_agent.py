@@ -228,12 +228,13 @@ def test_cowork_ui_hands_its_endpoints_to_the_code_location(tmp_path, capsys):
     from resources import AgentsResource
 
     args = parse_args(["--home", str(tmp_path), "ui", "--endpoint", "http://127.0.0.1:9/v1", "--endpoint-model", "qwen3-8b",
-                       "--endpoint", "http://127.0.0.1:10/v1", "--endpoint-model", "Qwen/Qwen3-32B", "--endpoint-name", "small"])
+                       "--endpoint", "http://127.0.0.1:10/v1", "--endpoint-model", "Qwen/Qwen3-32B", "--endpoint-name", "small",
+                       "--endpoint-temperature", "0.7"])
     agents = AgentsResource.from_env(ui_environment(args))
     built = agents.build()
-    assert [(ck, a.name, a.model, a.client.base_url) for ck, a in built] == [
-        ("endpoint-small", "endpoint:small", "qwen3-8b", "http://127.0.0.1:9/v1"),
-        ("endpoint-Qwen-Qwen3-32B", "endpoint:Qwen-Qwen3-32B", "Qwen/Qwen3-32B", "http://127.0.0.1:10/v1")]
+    assert [(ck, a.name, a.model, a.client.base_url, a.temperature) for ck, a in built] == [
+        ("endpoint-small", "endpoint:small", "qwen3-8b", "http://127.0.0.1:9/v1", 0.7),
+        ("endpoint-Qwen-Qwen3-32B", "endpoint:Qwen-Qwen3-32B", "Qwen/Qwen3-32B", "http://127.0.0.1:10/v1", 0.7)]
     assert agents.teacher is None and (agents.teacher_version(), agents.teacher_code_version()) == ("embedded", "1")
     teach = AgentsResource.from_env(ui_environment(parse_args(["--home", str(tmp_path), "ui", "--teacher-endpoint", "http://127.0.0.1:9/v1",
                                                                 "--teacher-model", "big"])))
@@ -242,6 +243,10 @@ def test_cowork_ui_hands_its_endpoints_to_the_code_location(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(["ui", "--endpoint", "http://127.0.0.1:9/v1"])
     assert exc.value.code == 2 and "--endpoint-model" in capsys.readouterr().err
+    for bad in ("hot", "-1", "2.5", "nan"):
+        with pytest.raises(SystemExit):
+            parse_args(["eval", "--endpoint", "http://127.0.0.1:9/v1", "--endpoint-model", "m", "--endpoint-temperature", bad])
+        assert "a temperature is a number in [0, 2]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["run", "--teacher-endpoint", "http://127.0.0.1:9/v1"])
     assert "--teacher-model" in capsys.readouterr().err
