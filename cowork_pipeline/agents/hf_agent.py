@@ -419,8 +419,8 @@ class HFAgent:
                         tok = torch.multinomial(samp.exp(), 1, generator=generator).squeeze(-1)
                     samp_logp = samp.gather(-1, tok[:, None]).squeeze(-1)
                 tok_lp = raw_logp.gather(-1, tok[:, None]).squeeze(-1)
-                if top_logprobs:  # (of the raw distribution, as logprobs; size-padding rows are no tokens)
-                    top_v, top_i = raw_logp[:, : self._n_real_tokens].topk(top_logprobs, dim=-1)
+                if top_logprobs:  # (of the raw distribution, as logprobs; size-padding rows are masked above)
+                    top_v, top_i = raw_logp.topk(top_logprobs, dim=-1)
                     top_l = [list(zip(i_, v_)) for i_, v_ in zip(top_i.tolist(), top_v.tolist())]
                 done_l = torch.isin(tok, stop).tolist()
                 tok_l, lp_l, slp_l, rows_l = tok.tolist(), tok_lp.tolist(), samp_logp.tolist(), rows.tolist()
