@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Iterator, Sequence
@@ -473,6 +474,40 @@ def test_what_the_served_student_reports_is_what_an_rl_trainer_recomputes(studen
         with torch.no_grad():
             lp, _ = _forward_logprobs(trainer.model, [(prompt_ids, ids)], 1.0, _vocab_limit(trainer), "cpu")
         assert lp[0, : len(served)].tolist() == pytest.approx(served, abs=1e-4)
+
+
+def test_requests_that_keep_arriving_join_one_batch():
+    """Clients that start together do not all arrive within one short wait: the batcher keeps gathering while
+    requests keep coming (each within ``gather_s`` of the last, up to ``max_gather_s``), so twelve requests sent
+    one every 10 ms are generated as one batch, not split into a first few and the rest (twice the time)."""
+    import threading
+
+    from cowork_pipeline.agents.hf_agent import Generation
+    from cowork_pipeline.serving.server import _Batcher
+
+    class Recording:
+        name = "recording"
+        batches: list[int] = []
+
+        def generate(self, conversations, **_opts):
+            self.batches.append(len(conversations))
+            return [Generation({"role": "assistant", "content": m[-1]["content"]}, "", [1], [2], "stop")
+                    for m, _t in conversations]
+
+    agent = Recording()
+    batcher = _Batcher(agent, gather_s=0.05, max_gather_s=2.0)
+    answers: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        answers[i] = batcher.run([{"role": "user", "content": f"item {i}"}], [], {})[0][0]["content"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)
+    for t in threads:
+        t.join(30)
+    assert agent.batches == [12] and answers == {i: f"item {i}" for i in range(12)}
 
 
 def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):

@@ -333,8 +333,8 @@ class _Batcher:
     batch. A sampled request without a seed gets a fresh one, as OpenAI's and vLLM's servers draw afresh: clients
     that send a group of requests to sample a group of rollouts get different samples."""
 
-    def __init__(self, agent: Agent, max_batch: int = 32, gather_s: float = 0.005):
-        self.agent, self.max_batch, self.gather_s = agent, max_batch, gather_s
+    def __init__(self, agent: Agent, max_batch: int = 32, gather_s: float = 0.005, max_gather_s: float = 0.05):
+        self.agent, self.max_batch, self.gather_s, self.max_gather_s = agent, max_batch, gather_s, max_gather_s
         self.cond = threading.Condition()
         self.queue: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int, Future]] = []
         self.greedy = float(getattr(agent, "temperature", 0.0) or 0.0) <= 0.0  # the agent's default for requests without one
@@ -357,6 +357,22 @@ class _Batcher:
         """Requests batch together whatever their seeds (each choice has its own random stream)."""
         return json.dumps({k: v for k, v in opts.items() if k != "seed"}, sort_keys=True)
 
+    def _gather(self) -> None:
+        """Let requests sent at the same moment join this batch: wait while they keep coming (a group of clients
+        that start together does not all arrive within one short wait, and a batch split in two takes twice as
+        long), until a wait brings none, the batch is full, or ``max_gather_s`` has passed."""
+        waited = 0.0
+        with self.cond:
+            seen = len(self.queue)
+        while waited < self.max_gather_s:
+            time.sleep(self.gather_s)
+            waited += self.gather_s
+            with self.cond:
+                now = len(self.queue)
+            if now == seen or now >= self.max_batch:
+                return
+            seen = now
+
     def _loop(self) -> None:
         generate = getattr(self.agent, "generate", None)
         while True:
@@ -365,7 +381,7 @@ class _Batcher:
                     self.cond.wait()
                 first = self.queue[0]
             if callable(generate):
-                time.sleep(self.gather_s)  # let requests sent at the same moment join this batch
+                self._gather()
             with self.cond:
                 if callable(generate):
                     key = self._key(first[2])
@@ -497,6 +513,7 @@ def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, mod
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))  # (an address in use fails here, before anything is announced)
+    sock.listen(2048)  # (clients that connect once it is announced wait in the backlog, not refused, until it runs)
     server = uvicorn.Server(uvicorn.Config(make_app(agent, model_name), log_level="warning"))
     if announce is not None:
         shown = f"[{host}]" if ":" in host else host
