@@ -32,6 +32,8 @@ SMOKE = {
     "bench_incremental.py": (["--envs-per-capability", "1"], [r"ratio: +[\d.]+% of the full run", r"verification: +OK"]),
     "bench_generation.py": (["--batch", "2", "--new-tokens", "4", "--repeats", "1", "--steps", "2"],
                             [r"speed-up ours / naive: [\d.]+x", r"identical completions \d+/4"]),
+    "bench_serving.py": (["--clients", "2", "--new-tokens", "4", "--repeats", "1"],
+                         [r"streamed / whole: throughput x[\d.]+", r"streamed texts identical to the whole answers: True"]),
     "bench_sft.py": (["--steps", "1", "--batch", "2"], [r"speed-up ours / TRL defaults: [\d.]+x"]),
     "bench_rl.py": (["--steps", "1", "--seeds", "0", "--group", "2", "--sft-steps", "2", "--configs", "binary_traj"],
                     [r"warm start: eval reward", r"binary_traj +0 +[\d.]+ -> [\d.]+"]),

@@ -510,6 +510,134 @@ def test_requests_that_keep_arriving_join_one_batch():
     assert agent.batches == [12] and answers == {i: f"item {i}" for i in range(12)}
 
 
+def test_the_served_student_streams_its_text_as_it_is_generated(student_checkpoint):
+    """`stream: true` sends the student's text as its tokens are drawn (chat UIs and agent SDKs show it as it
+    comes): the model is held after its first token until the client has read text, which it could not if the
+    answer were sent once generated. The deltas, their logprobs and token ids add up to the answer given whole."""
+    import threading
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    gate, generating = threading.Event(), threading.Event()
+
+    class HeldAfterEachToken(HFAgent):
+        def generate(self, conversations, listener=None, **kw):
+            generating.set()
+            try:
+                return self._generate(conversations, listener, **kw)
+            finally:
+                generating.clear()
+
+        def _generate(self, conversations, listener, **kw):
+            if listener is None:
+                return super().generate(conversations, **kw)
+
+            class Held:
+                def prompt(self, i, ids):
+                    listener.prompt(i, ids)
+
+                def token(self, i, *drawn):
+                    listener.token(i, *drawn)
+                    if not gate.wait(20):
+                        raise TimeoutError("the client read nothing while the model was held mid-turn")
+
+            return super().generate(conversations, listener=Held(), **kw)
+
+    done = _demos(1)[0]["messages"][:4]
+    asked = dict(model="student", messages=done, tools=[MAIL_SEND], logprobs=True, top_logprobs=2,
+                 extra_body={"return_token_ids": True})
+    with running(make_app(HeldAfterEachToken(student_checkpoint, device="cpu", max_new_tokens=64),
+                          model_name="student")) as base:
+        api = client(base)
+        whole = api.chat.completions.create(**asked).choices[0]  # (not streamed: never held)
+        texts, tokens, ids, held = [], [], [], []
+        for chunk in api.chat.completions.create(**asked, stream=True):
+            for c in chunk.choices:
+                if c.delta.content:
+                    held.append(generating.is_set())
+                    gate.set()
+                    texts.append(c.delta.content)
+                tokens += c.logprobs.content if c.logprobs and c.logprobs.content else []
+                ids += (c.model_extra or {}).get("token_ids") or []
+    assert held[0], "the first text came only once the answer was generated"
+    assert len(texts) >= 2 and "".join(texts) == whole.message.content == "Sent."
+    assert [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in tokens] == \
+           [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in whole.logprobs.content]
+    assert ids == whole.model_extra["token_ids"]
+
+
+def test_a_stream_holds_back_what_the_answer_may_not_say(student_checkpoint):
+    """What a streamed delta says, the finished answer says: a character's bytes are sent once all have come,
+    text that may begin a tool call or a stop sequence waits until it is known not to, whitespace the answer strips
+    is not sent, and a tool call or a stop sequence ends the text. Each delta's tokens are the bytes it says."""
+    from transformers import AutoTokenizer
+
+    from cowork_pipeline.serving.server import _StreamedChoice, _token_bytes
+
+    tokenizer = AutoTokenizer.from_pretrained(student_checkpoint)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    call = '<tool_call>{"name": "mail_send", "arguments": {}}</tool_call>'
+
+    def streamed(text: str, stop: list[str]) -> list[str]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+        writer = _StreamedChoice(tokenizer, [eos], stop, _token_bytes(tokenizer))
+        deltas = []
+        for tid in ids:
+            if (out := writer.take([(tid, -0.5, None)])) is not None:
+                delta, drawn = out
+                assert b"".join(_token_bytes(tokenizer)(d[0]) for d in drawn) == delta.encode() or deltas == [], delta
+                deltas.append(delta)
+        assert all("\ufffd" not in d for d in deltas)
+        return deltas
+
+    deltas = streamed("Grüße — 5 € ok.  \n" + call, [])
+    assert "".join(deltas) == "Grüße — 5 € ok." and len(deltas) > 3
+    assert "".join(streamed("  Sent <tool", [])) == "Sent"  # (a text that may yet open a call)
+    assert "".join(streamed("Total: 5 € (paid). Thanks", ["(pa"])) == "Total: 5 €"
+    assert "".join(streamed("Sent. <|endoftext|> more", [])) == "Sent."
+
+
+def test_a_stream_that_fails_says_so(student_checkpoint):
+    """Generation that fails before the first token is a 500, as unstreamed; one that fails mid-answer ends the
+    stream with an error event, which the OpenAI client raises, rather than a stream that looks complete."""
+    import openai
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    class Failing(HFAgent):
+        after = 0
+
+        def generate(self, conversations, listener=None, **kw):
+            if self.after == 0:
+                raise RuntimeError("out of memory")
+            left = [self.after]
+
+            class Breaking:
+                def prompt(self, i, ids):
+                    listener.prompt(i, ids)
+
+                def token(self, i, *drawn):
+                    listener.token(i, *drawn)
+                    left[0] -= 1
+                    if left[0] == 0:
+                        raise RuntimeError("device lost")
+
+            return super().generate(conversations, listener=Breaking(), **kw)
+
+    agent = Failing(student_checkpoint, device="cpu", max_new_tokens=64)
+    done = _demos(1)[0]["messages"][:4]
+    with running(make_app(agent, model_name="student")) as base:
+        api = client(base)
+        with pytest.raises(openai.InternalServerError, match="out of memory"):
+            list(api.chat.completions.create(model="student", messages=done, stream=True))
+        agent.after = 2
+        seen = []
+        with pytest.raises(openai.APIError, match="device lost"):
+            for chunk in api.chat.completions.create(model="student", messages=done, stream=True):
+                seen += [c.delta.content for c in chunk.choices if c.delta.content]
+        assert "".join(seen) == "Sent"  # (the two tokens drawn before the failure)
+
+
 def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):
     """`n` (a GRPO-style trainer asks for a group of samples per prompt): n sampled choices, choice i the sample
     `HFAgent.generate` draws from its i-th random stream of that seed (the first: the seed's own, what a request for

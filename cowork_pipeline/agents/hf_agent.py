@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from cowork_pipeline.agents.base import Message, ToolSchema
 from cowork_pipeline.agents.chat_format import END_OF_TEXT, IM_END, parse_assistant_output, render_prompt
@@ -53,6 +54,16 @@ class Generation:
     # Per completion token, the k likeliest tokens under the raw distribution as (id, logprob), likeliest first
     # (``generate(top_logprobs=k)``; empty otherwise).
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+class GenerationListener(Protocol):
+    """Sees a ``generate`` call as it goes (``cowork serve`` streams from it): each conversation's prompt ids once
+    encoded, then each token as it is drawn, with its raw log-probability and, where asked for, the k likeliest
+    tokens. ``index`` is the conversation's position in the call's input. Called from the generating thread."""
+
+    def prompt(self, index: int, prompt_ids: list[int]) -> None: ...
+
+    def token(self, index: int, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> None: ...
 
 
 @dataclass
@@ -248,6 +259,7 @@ class HFAgent:
         top_logprobs: int = 0,
         single_tool_call: bool = False,
         seeds: Sequence[int] | None = None,
+        listener: GenerationListener | None = None,
     ) -> list[Generation]:
         """Batched generation for many conversations; results are in input order and never raise on bad output.
         ``require_tool_call``: each turn offered tools opens with a call; ``json_schema``: each turn is one JSON
@@ -255,7 +267,8 @@ class HFAgent:
         which alone can force them), as is ``single_tool_call``: each turn ends after its first call.
         ``top_logprobs``: record each step's k likeliest tokens too. ``seeds`` (one per conversation, in place of
         ``seed``): each conversation samples from its own random stream, so its sample does not depend on what it is
-        batched with (with one ``seed`` the batch shares one stream)."""
+        batched with (with one ``seed`` the batch shares one stream). ``listener`` sees each prompt and token as it
+        is generated (what is generated does not depend on it)."""
         import torch
 
         if (require_tool_call or single_tool_call or json_schema is not None) and self.constraint is None:
@@ -286,6 +299,8 @@ class HFAgent:
                 results[i] = Generation(msg, "", [], [], "context_overflow")
             else:
                 prompts.append((i, ids))
+                if listener is not None:
+                    listener.prompt(i, ids)
 
         # Sorting by length groups similar prompts, which minimises left padding inside each batch.
         prompts.sort(key=lambda p: len(p[1]))
@@ -293,9 +308,11 @@ class HFAgent:
             chunk = prompts[start : start + self.batch_size]
             if seeds is not None:
                 generator = [torch.Generator(device=self.device).manual_seed(int(seeds[i])) for i, _ in chunk]
+            # (the decode loop numbers the chunk's rows; the listener knows conversations by their input position)
+            on_token = None if listener is None else partial(_relay, listener, [i for i, _ in chunk])
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
                                 [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema, top_logprobs,
-                                single_tool_call)
+                                single_tool_call, on_token)
             for (i, ids), (comp, lps, slps, finished, tops) in zip(chunk, outs):
                 messages = conversations[i][0]
                 results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages))
@@ -313,6 +330,7 @@ class HFAgent:
         self, prompts: list[list[int]], temperature: float, top_p: float, max_new: int, generator: Any,
         tools: Sequence[Sequence[ToolSchema] | None] | None = None, require_tool_call: bool = False,
         json_schema: dict[str, Any] | None = None, top_logprobs: int = 0, single_tool_call: bool = False,
+        on_token: Any = None,
     ) -> list[tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]]]]:
         import torch
         from transformers import DynamicCache
@@ -435,6 +453,8 @@ class HFAgent:
                     stopped[r] = bool(done_l[j])
                     if matchers is not None and matchers[r] is not None and not matchers[r].is_terminated():
                         matchers[r].accept_token(tok_l[j])
+                    if on_token is not None:
+                        on_token(r, tok_l[j], lp_l[j], top_l[j] if top_logprobs else None)
                 live_l = [not stopped[r] for r in rows_l]
                 n_live = sum(live_l)
                 if step == max_new - 1 or n_live == 0:
@@ -487,6 +507,10 @@ class HFAgent:
     def _weights_version(self) -> tuple[int, ...]:
         # In-place updates (optimizer steps) bump a tensor's version counter: KV from older weights is stale.
         return tuple(p._version for p in self.model.parameters())
+
+
+def _relay(listener: GenerationListener, rows: list[int], r: int, *drawn: Any) -> None:
+    listener.token(rows[r], *drawn)
 
 
 def _top_p_filter(logp: Any, top_p: float) -> Any:

@@ -12,16 +12,22 @@ seed=)`` (``HFAgent``) honour per-request sampling settings and report token usa
 through ``act``. Requests arriving together with the same settings are generated as one batch (the agent's
 batched, KV-cached decoding is where throughput comes from; concurrent clients such as `cowork eval` or an RL
 framework's rollout workers feed it), each answer as it is alone: a sampled one is reproduced by its seed.
+Streamed requests get each choice's text as its tokens are drawn (an agent whose ``generate`` takes a
+``listener``; other agents' answers are streamed whole once given).
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
+import inspect
 import json
 import re
 import secrets
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -259,7 +265,7 @@ def _token_bytes(tokenizer: Any) -> Callable[[int], bytes]:
                 return piece.replace("\u2581", " ").encode()
         return tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False).encode()
 
-    return of
+    return functools.lru_cache(maxsize=None)(of)  # (a token's bytes never change; the vocabulary bounds it)
 
 
 def _kept(token_bytes: Callable[[int], bytes], generation: Any, stop: list[str]) -> int:
@@ -279,13 +285,20 @@ def _token_logprobs(token_bytes: Callable[[int], bytes], generation: Any, kept: 
     """The ``kept`` tokens' log-probabilities under the model (the text of a tool call too), in the API's
     ``logprobs.content`` shape, with the k likeliest tokens at each step where the request asked for
     ``top_logprobs``; ``as_ids`` names each token ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``)."""
-    def entry(tid: int, lp: float) -> dict[str, Any]:
-        raw = token_bytes(tid)
-        return {"token": f"token_id:{tid}" if as_ids else raw.decode(errors="replace"), "logprob": lp, "bytes": list(raw)}
-
     tops = generation.top_logprobs or [[]] * len(generation.completion_ids)
-    return {"content": [entry(tid, lp) | {"top_logprobs": [entry(t, v) for t, v in top]}
+    return {"content": [_logprob_entry(token_bytes, tid, lp, top, as_ids)
                         for tid, lp, top in zip(generation.completion_ids[:kept], generation.logprobs, tops)]}
+
+
+def _logprob_entry(token_bytes: Callable[[int], bytes], tid: int, lp: float, top: list[tuple[int, float]] | None,
+                   as_ids: bool) -> dict[str, Any]:
+    """One token's entry in ``logprobs.content``: its text (or ``token_id:<id>``), log-probability and exact bytes,
+    with the k likeliest tokens where they were recorded."""
+    def entry(t: int, v: float) -> dict[str, Any]:
+        raw = token_bytes(t)
+        return {"token": f"token_id:{t}" if as_ids else raw.decode(errors="replace"), "logprob": v, "bytes": list(raw)}
+
+    return entry(tid, lp) | {"top_logprobs": [entry(t, v) for t, v in top or []]}
 
 
 def _chunks(head: dict[str, Any], choices: list[dict[str, Any]], usage: dict[str, int], usage_chunk: bool,
@@ -295,26 +308,114 @@ def _chunks(head: dict[str, Any], choices: list[dict[str, Any]], usage: dict[str
     its logprobs and token ids, each tool call whole (index, id, name and arguments in one delta), the finish
     reason; with ``stream_options.include_usage`` a last chunk with the usage and no choices (earlier chunks carry
     usage null)."""
-    extra = {"usage": None} if usage_chunk else {}
-
-    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None, lps: dict[str, Any] | None = None,
-              ids: dict[str, Any] | None = None, top: dict[str, Any] | None = None) -> str:
-        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": lps} | (ids or {})
-        return f"data: {json.dumps({**head, **(top or {}), 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
-
     for c in choices:
-        message, index, logprobs = c["message"], c["index"], c["logprobs"]
         first = {"prompt_token_ids": prompt_token_ids} if prompt_token_ids is not None and c is choices[0] else None
-        yield chunk(index, {"role": "assistant", "content": ""}, top=first)
-        ids = {"token_ids": c["token_ids"]} if "token_ids" in c else None
-        if message.get("content") or logprobs or ids:
-            yield chunk(index, {"content": message.get("content") or ""}, lps=logprobs, ids=ids)
-        for i, call in enumerate(message.get("tool_calls") or []):
-            yield chunk(index, {"tool_calls": [{"index": i, **call}]})
-        yield chunk(index, {}, c["finish_reason"])
+        yield _event(head, c["index"], {"role": "assistant", "content": ""}, usage_chunk, top=first)
+        yield from _rest_of_choice(head, c, usage_chunk, "", 0)
+    yield from _end(head, usage, usage_chunk)
+
+
+def _event(head: dict[str, Any], index: int, delta: dict[str, Any], usage_chunk: bool, finish_reason: str | None = None,
+           lps: dict[str, Any] | None = None, ids: dict[str, Any] | None = None, top: dict[str, Any] | None = None) -> str:
+    """One chat.completion.chunk event for one choice (earlier chunks carry usage null where a usage chunk comes)."""
+    choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": lps} | (ids or {})
+    extra = {"usage": None} if usage_chunk else {}
+    return f"data: {json.dumps({**head, **(top or {}), 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
+
+
+def _rest_of_choice(head: dict[str, Any], c: dict[str, Any], usage_chunk: bool, sent: str, tokens_sent: int):
+    """What is left to stream of the answer ``c`` once ``sent`` of its text and the logprobs and ids of its first
+    ``tokens_sent`` tokens have gone out: the rest of the text with the rest of the tokens, each tool call whole
+    (index, id, name and arguments in one delta), the finish reason."""
+    message = c["message"]
+    content = message.get("content") or ""
+    rest = content[len(sent):] if content.startswith(sent) else ""
+    lps = {"content": c["logprobs"]["content"][tokens_sent:]} if c["logprobs"] is not None else None
+    ids = {"token_ids": c["token_ids"][tokens_sent:]} if "token_ids" in c else None
+    if rest or (lps and lps["content"]) or (ids and ids["token_ids"]) or (not sent and not tokens_sent and (lps or ids)):
+        yield _event(head, c["index"], {"content": rest}, usage_chunk, lps=lps, ids=ids)
+    for i, call in enumerate(message.get("tool_calls") or []):
+        yield _event(head, c["index"], {"tool_calls": [{"index": i, **call}]}, usage_chunk)
+    yield _event(head, c["index"], {}, usage_chunk, c["finish_reason"])
+
+
+def _end(head: dict[str, Any], usage: dict[str, int], usage_chunk: bool):
     if usage_chunk:
         yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
     yield "data: [DONE]\n\n"
+
+
+class _StreamedChoice:
+    """One choice's text as its tokens are drawn: each delta is text the finished answer will hold, so the deltas
+    add up to the answer's content. Held back until it is known: a character whose bytes have not all come, text
+    that may begin a tool call, a stop sequence or an end-of-turn marker, and whitespace the answer may strip. Once
+    a tool call or a stop sequence begins, the rest comes with the finished answer (a tool call whole, as its
+    arguments must be complete to be checked). Each delta carries the logprobs and ids of the tokens it completes."""
+
+    def __init__(self, tokenizer: Any, stop_ids: Any, stop: list[str], token_bytes: Callable[[int], bytes]) -> None:
+        from cowork_pipeline.agents.chat_format import STOP_STRINGS, TOOL_CALL_OPEN
+
+        self.tokenizer, self.stop_ids, self.token_bytes = tokenizer, set(stop_ids), token_bytes
+        self.markers = (TOOL_CALL_OPEN, *STOP_STRINGS, *stop)
+        self.ids: list[int] = []  # the text's tokens (an end-of-turn token is not text)
+        self.drawn: list[tuple[int, float, list[tuple[int, float]] | None]] = []
+        self.ends: list[int] = []  # each drawn text token's last byte in the text
+        self.prefix = self.read = 0  # incremental decoding: tokens decoded for context, and up to where text is out
+        self.text = self.before = ""  # the text so far; the last tokens' own decoding, which new text extends
+        self.longest = max(len(m) for m in self.markers)
+        self.sent = ""  # the content streamed so far
+        self.tokens_sent = 0
+        self.closed = False
+
+    def _decoded(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def take(self, drawn: list[tuple[int, float, list[tuple[int, float]] | None]]) -> tuple[str, list[tuple]] | None:
+        """The delta these newly drawn tokens (id, logprob, top) complete, with the tokens it covers (None: nothing
+        to send yet)."""
+        self.drawn += drawn
+        if self.closed:
+            return None
+        for tid, _lp, _top in drawn:
+            if tid not in self.stop_ids:
+                self.ids.append(tid)
+                self.ends.append((self.ends[-1] if self.ends else 0) + len(self.token_bytes(tid)))
+        # The new tokens are decoded with the last ones before them as context, not the whole text again (a
+        # word-boundary tokenizer spells a token differently at the start of a text).
+        now = self._decoded(self.ids[self.prefix:])
+        if now.endswith("\ufffd") or len(now) <= len(self.before):
+            return None  # (a character whose bytes have not all come)
+        grown = len(self.text)
+        self.text += now[len(self.before):]
+        self.prefix, self.read = self.read, len(self.ids)
+        self.before = self._decoded(self.ids[self.prefix:self.read])
+        text = self.text
+        since = max(grown - self.longest, 0)  # (a marker not in the text before would end in what is new)
+        cut = min((i for i in (text.find(m, since) for m in self.markers) if i >= 0), default=None)
+        if cut is None:
+            held = max((k for m in self.markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+            end = len(text) - held
+        else:
+            end, self.closed = cut, True
+        shown = text[:end].rstrip()
+        start = len(shown) - len(shown.lstrip())
+        content = shown[start:]
+        if len(content) <= len(self.sent) or not content.startswith(self.sent):
+            return None
+        delta, self.sent = content[len(self.sent):], content
+        covered = len(text[:start + len(content)].encode())
+        k = self.tokens_sent
+        while k < len(self.ends) and self.ends[k] <= covered:
+            k += 1
+        tokens, self.tokens_sent = self.drawn[self.tokens_sent:k], k
+        return delta, tokens
+
+
+def _usage(answers: list[Any]) -> dict[str, int]:
+    """The prompt is read once, whatever n; every choice's tokens count."""
+    usage = dict(answers[0][2], completion_tokens=sum(a[2]["completion_tokens"] for a in answers))
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return usage
 
 
 def _choice_seed(seed: int, index: int) -> int:
@@ -323,6 +424,71 @@ def _choice_seed(seed: int, index: int) -> int:
     if index == 0:
         return seed
     return int.from_bytes(hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest(), "big") >> 1
+
+
+def _takes(fn: Any, parameter: str) -> bool:
+    try:
+        return callable(fn) and parameter in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # (a callable whose signature Python cannot read)
+        return False
+
+
+class _Fanout:
+    """``generate``'s listener for a batch: each row's prompt and tokens go to its request's listener, by the
+    choices the row is for (a greedy row is all n choices of its request)."""
+
+    def __init__(self, targets: list[tuple[Any, list[int]]]) -> None:
+        self.targets = targets
+
+    def prompt(self, index: int, prompt_ids: list[int]) -> None:
+        listener, choices = self.targets[index]
+        if listener is not None:
+            listener.prompt(choices, prompt_ids)
+
+    def token(self, index: int, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+        listener, choices = self.targets[index]
+        if listener is not None:
+            listener.token(choices, token_id, logprob, top)
+
+
+class _Relay:
+    """A streamed request's listener: hands what the generating thread sees to the request's event loop. The loop
+    is woken once for whatever has come since it last took it (a decode step brings a token for every row), not
+    once per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.items, self.ready = loop, deque(), asyncio.Event()
+        self.lock, self.waking = threading.Lock(), False
+
+    def put(self, *item: Any) -> None:  # (from the generating thread)
+        self.items.append(item)
+        with self.lock:
+            if self.waking:
+                return
+            self.waking = True
+        self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self.ready.set()
+
+    async def taken(self) -> list[tuple]:
+        """Everything that has come since the last call (waits for something)."""
+        while True:
+            await self.ready.wait()
+            with self.lock:  # (what comes from now on wakes the loop again; what came before is taken below)
+                self.waking = False
+                self.ready.clear()
+            out = []
+            while self.items:
+                out.append(self.items.popleft())
+            if out:
+                return out
+
+    def prompt(self, choices: list[int], prompt_ids: list[int]) -> None:
+        self.put("prompt", choices, prompt_ids)
+
+    def token(self, choices: list[int], token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+        self.put("token", choices, token_id, logprob, top)
 
 
 class _Batcher:
@@ -336,17 +502,25 @@ class _Batcher:
     def __init__(self, agent: Agent, max_batch: int = 32, gather_s: float = 0.005, max_gather_s: float = 0.05):
         self.agent, self.max_batch, self.gather_s, self.max_gather_s = agent, max_batch, gather_s, max_gather_s
         self.cond = threading.Condition()
-        self.queue: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int, Future]] = []
+        self.queue: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int, Any, Future]] = []
+        self.streams = _takes(getattr(agent, "generate", None), "listener")
         self.greedy = float(getattr(agent, "temperature", 0.0) or 0.0) <= 0.0  # the agent's default for requests without one
         threading.Thread(target=self._loop, daemon=True, name="cowork-serve-batcher").start()
 
     def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1) -> list[Any]:
         """The request's ``n`` answers: one greedy answer n times (n copies would be the same), or n samples."""
+        return self.submit(messages, tools, opts, n).result()
+
+    def submit(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1,
+               listener: Any = None) -> Future:
+        """:meth:`run`'s answers, to come; ``listener`` (where the agent can stream, :attr:`streams`) sees the
+        request's prompt ids and tokens as they are generated, by the choices they are for: ``prompt(choices,
+        ids)`` and ``token(choices, token_id, logprob, top)``."""
         fut: Future = Future()
         with self.cond:
-            self.queue.append((messages, tools, opts, n, fut))
+            self.queue.append((messages, tools, opts, n, listener, fut))
             self.cond.notify()
-        return fut.result()
+        return fut
 
     def _sampled(self, opts: dict[str, Any]) -> bool:
         t = opts.get("temperature")
@@ -391,21 +565,25 @@ class _Batcher:
                 self.queue = [r for r in self.queue if not any(r is b for b in batch)]
             try:
                 if not callable(generate):  # a plain agent (one request per batch): its act, no token usage
-                    m, t, _o, n, fut = batch[0]
+                    m, t, _o, n, _l, fut = batch[0]
                     fut.set_result([_answer(self.agent.act(m, t), "stop", 0, 0) for _ in range(n)])
                     continue
                 sampled = self._sampled(first[2])
                 rows: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
                 seeds: list[int] = []
-                for m, t, o, n, _f in batch:
+                targets: list[tuple[Any, list[int]]] = []  # per row: its request's listener and the choices it is
+                for m, t, o, n, listener, _f in batch:
                     copies = n if sampled else 1
                     rows += [(m, t)] * copies
                     seed = o["seed"] if "seed" in o else secrets.randbits(63)
                     seeds += [_choice_seed(seed, i) for i in range(copies)]
+                    targets += [(listener, [i]) for i in range(n)] if sampled else [(listener, list(range(n)))]
                 opts = {k: v for k, v in first[2].items() if k != "seed"}
+                if any(listener is not None for listener, _ in targets):
+                    opts["listener"] = _Fanout(targets)
                 gens = generate(rows, **opts, seeds=seeds) if sampled else generate(rows, **opts)
                 at = 0
-                for _m, _t, _o, n, fut in batch:
+                for _m, _t, _o, n, _l, fut in batch:
                     c = n if sampled else 1
                     mine, at = gens[at : at + c], at + c
                     fut.set_result([_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids), g)
@@ -416,12 +594,17 @@ class _Batcher:
                         fut.set_exception(exc)
 
 
-def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -> Starlette:
-    """ASGI app serving ``agent``; ``model_name`` defaults to ``agent.name``. Concurrent greedy requests are
-    generated as one batch of up to ``max_batch`` (see :class:`_Batcher`)."""
+def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, stream_interval_s: float = 0.05) -> Starlette:
+    """ASGI app serving ``agent``; ``model_name`` defaults to ``agent.name``. Concurrent requests are generated as
+    one batch of up to ``max_batch`` (see :class:`_Batcher`). A streamed answer's text goes out as it is drawn, what
+    comes within ``stream_interval_s`` in one event (the first as soon as it comes)."""
     name = model_name or getattr(agent, "name", "agent")
     created = int(time.time())
     batcher = _Batcher(agent, max_batch=max_batch)
+
+    @functools.cache
+    def bytes_of() -> Callable[[int], bytes]:  # (reading the tokenizer's alphabet and added tokens takes ms: once)
+        return _token_bytes(agent.tokenizer)
 
     async def chat_completions(request: Request) -> JSONResponse:
         try:
@@ -443,23 +626,93 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
                     raise BadRequest(f"{name} does not report token ids", "return_token_ids")
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model") or name}
+        if delivery["stream"] and batcher.streams:
+            return await _streamed(head, messages, tools, opts, delivery)
         try:
             answers = await run_in_threadpool(batcher.run, messages, tools, opts, delivery["n"])
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
-            return _error(500, f"generation failed: {type(exc).__name__}: {exc}", err_type="server_error")
-        token_bytes = _token_bytes(agent.tokenizer) if answers[0][3] is not None else None
+            return _failed(exc)
+        token_bytes = bytes_of() if answers[0][3] is not None else None
         choices = [_choice(i, *answer, delivery, token_bytes) for i, answer in enumerate(answers)]
         prompt_ids = {"prompt_token_ids": list(answers[0][3].prompt_ids)} \
             if delivery["return_token_ids"] and answers[0][3] is not None else {}
-        # (the prompt is read once, whatever n; every choice's tokens count)
-        usage = dict(answers[0][2], completion_tokens=sum(a[2]["completion_tokens"] for a in answers))
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model") or name}
-        if delivery["stream"]:  # (generated whole, as a batch; then sent as the events a streaming client reads)
-            events = _chunks({**head, "object": "chat.completion.chunk"}, choices, usage, delivery["usage_chunk"],
+        if delivery["stream"]:  # (an agent that cannot stream: its answers whole, as the events a client reads)
+            events = _chunks({**head, "object": "chat.completion.chunk"}, choices, _usage(answers), delivery["usage_chunk"],
                              prompt_ids.get("prompt_token_ids"))
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage, **prompt_ids})
+        return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": _usage(answers), **prompt_ids})
+
+    def _failed(exc: BaseException) -> JSONResponse:
+        return _error(500, f"generation failed: {type(exc).__name__}: {exc}", err_type="server_error")
+
+    async def _streamed(head: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                        opts: dict[str, Any], delivery: dict[str, Any]) -> Any:
+        """The answer streamed as it is generated: each choice's text as its tokens are drawn (see
+        :class:`_StreamedChoice`), its tool calls and finish reason when it is done. A request that fails before
+        its first token is a 500; one that fails later ends its stream with an error event."""
+        relay = _Relay(asyncio.get_running_loop())
+        fut = batcher.submit(messages, tools, opts, delivery["n"], relay)
+        fut.add_done_callback(lambda f: relay.put("done", f))
+        taken = await relay.taken()
+        first = taken[0]
+        if first[0] == "done" and first[1].exception() is not None:
+            return _failed(first[1].exception())
+        head = {**head, "object": "chat.completion.chunk"}
+        usage_chunk, token_bytes = delivery["usage_chunk"], bytes_of()
+        writers = [_StreamedChoice(agent.tokenizer, getattr(agent, "stop_ids", ()), delivery["stop"], token_bytes)
+                   for _ in range(delivery["n"])]
+
+        def tokens(drawn: list[tuple], as_ids: bool) -> dict[str, Any]:
+            return {"content": [_logprob_entry(token_bytes, *d, as_ids) for d in drawn]}
+
+        async def stream():
+            nonlocal taken
+            if first[0] == "prompt":
+                prompt_ids = first[2]
+            else:  # (answered before any prompt was encoded: a context overflow)
+                prompt_ids = list(first[1].result()[0][3].prompt_ids)
+            top = {"prompt_token_ids": list(prompt_ids)} if delivery["return_token_ids"] else None
+            yield "".join(_event(head, c, {"role": "assistant", "content": ""}, usage_chunk, top=top if c == 0 else None)
+                          for c in range(delivery["n"]))
+            done = None
+            while done is None:
+                out = []
+                drawn: dict[int, list[tuple]] = {}
+                for item in taken:
+                    if item[0] == "done":
+                        done = item[1]
+                    elif item[0] == "token":
+                        for c in item[1]:
+                            drawn.setdefault(c, []).append(item[2:])
+                for c, new in sorted(drawn.items()):
+                    if (said := writers[c].take(new)) is not None:
+                        delta, covered = said
+                        lps = tokens(covered, delivery["return_tokens_as_token_ids"]) if delivery["logprobs"] else None
+                        ids = {"token_ids": [d[0] for d in covered]} if delivery["return_token_ids"] else None
+                        out.append(_event(head, c, {"content": delta}, usage_chunk, lps=lps, ids=ids))
+                if out:
+                    yield "".join(out)  # (one write for what came together)
+                if done is None:
+                    if out:
+                        # What comes within stream_interval_s is sent together: per-token events cost the
+                        # generating thread throughput (they share its interpreter); a reader sees no difference.
+                        # Streams wake on a shared tick, so the loop takes the interpreter once per tick for all.
+                        now = asyncio.get_running_loop().time()
+                        await asyncio.sleep(stream_interval_s - now % stream_interval_s)
+                    taken = await relay.taken()
+            if (exc := done.exception()) is not None:
+                err = {"message": f"generation failed: {type(exc).__name__}: {exc}", "type": "server_error",
+                       "param": None, "code": None}
+                yield f"data: {json.dumps({'error': err})}\n\n"
+                return
+            answers = done.result()
+            for i, answer in enumerate(answers):
+                yield "".join(_rest_of_choice(head, _choice(i, *answer, delivery, token_bytes), usage_chunk,
+                                              writers[i].sent, writers[i].tokens_sent))
+            yield "".join(_end(head, _usage(answers), usage_chunk))
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     def _choice(index: int, message: dict[str, Any], finish: str, _usage: dict[str, int], generation: Any,
                 delivery: dict[str, Any], token_bytes: Callable[[int], bytes] | None) -> dict[str, Any]:
@@ -472,7 +725,10 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32) -
                 out["logprobs"] = _token_logprobs(token_bytes, generation, kept, delivery["return_tokens_as_token_ids"])
             if delivery["return_token_ids"]:  # (the stop token too, where it ended the turn: a trainer learns it)
                 out["token_ids"] = list(generation.completion_ids[:kept] if cut else generation.completion_ids)
-        out_msg: dict[str, Any] = {"role": "assistant", "content": said.get("content")}
+        content = said.get("content")
+        # (an answer that parsed is stripped; one that did not is its raw text, whose leading whitespace a stream
+        # cannot know to send until the end: dropped, so that streamed or not, the text is the same)
+        out_msg: dict[str, Any] = {"role": "assistant", "content": content.lstrip() if isinstance(content, str) else content}
         if said.get("tool_calls"):
             out_msg["tool_calls"] = said["tool_calls"]
         if said.get("parse_error"):
