@@ -638,6 +638,82 @@ def test_a_stream_that_fails_says_so(student_checkpoint):
         assert "".join(seen) == "Sent"  # (the two tokens drawn before the failure)
 
 
+def test_generation_stops_where_a_stop_sequence_cuts_the_answer(student_checkpoint):
+    """A `stop` sequence ends generation where the answer is cut (RL frameworks stop ReAct-style turns with them),
+    not at the end of the turn: the answer is what it was, its usage counts the tokens generated up to the stop.
+    A stop sequence inside a tool call's arguments does not cut the call."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    done = _demos(1)[0]["messages"][:4]
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        api = client(base)
+        whole = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND])
+        assert whole.choices[0].message.content == "Sent." and whole.usage.completion_tokens == 4  # (S|ent|.|<|im_end|>)
+        for stream in (False, True):
+            cut = api.chat.completions.create(model="student", messages=done, tools=[MAIL_SEND], stop="ent", stream=stream,
+                                              **({"stream_options": {"include_usage": True}} if stream else {}))
+            if stream:
+                chunks = list(cut)
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                finish, usage = [c.choices[0].finish_reason for c in chunks if c.choices][-1], chunks[-1].usage
+            else:
+                text, finish, usage = cut.choices[0].message.content, cut.choices[0].finish_reason, cut.usage
+            assert (text, finish, usage.completion_tokens) == ("S", "stop", 2), stream  # ("S", "ent": then stopped)
+
+        asked = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Please send the team an update."}]
+        call = api.chat.completions.create(model="student", messages=asked, tools=[MAIL_SEND])
+        held = api.chat.completions.create(model="student", messages=asked, tools=[MAIL_SEND], stop="update")
+        assert held.choices[0].message.tool_calls == call.choices[0].message.tool_calls and \
+               json.loads(held.choices[0].message.tool_calls[0].function.arguments)["body"] == "Status update."
+        assert held.choices[0].finish_reason == "tool_calls" and held.usage == call.usage
+
+
+def test_a_client_that_leaves_a_stream_ends_its_generation(tmp_path):
+    """A client that closes a stream mid-answer (an agent framework's timeout, a user's stop button) frees its row:
+    generation for it ends at its next token instead of running to the token limit."""
+    import http.client
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.student import StudentConfig, build_student
+
+    untrained = build_student([SYSTEM * 4], tmp_path / "student", StudentConfig(  # (says anything, never stops)
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+        max_position_embeddings=1024))
+    finished: list = []
+
+    class Slow(HFAgent):
+        def generate(self, conversations, listener=None, **kw):
+            class Slowed:
+                def prompt(self, i, ids):
+                    listener.prompt(i, ids)
+
+                def token(self, i, *drawn):
+                    time.sleep(0.01)
+                    return listener.token(i, *drawn)
+
+            finished.extend(super().generate(conversations, listener=Slowed() if listener else None, **kw))
+            return finished[-len(conversations):]
+
+    asked = {"model": "student", "messages": [{"role": "user", "content": "Say anything."}], "max_tokens": 400,
+             "temperature": 1.0, "seed": 11}  # (a sample of 353 tokens)
+    with running(make_app(Slow(untrained, device="cpu", max_new_tokens=400), model_name="student")) as base:
+        whole = client(base).chat.completions.create(**asked)  # (the same sample, read to its end)
+        assert whole.usage.completion_tokens >= 100 and finished.pop().completion_ids
+        conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=30)
+        conn.request("POST", "/v1/chat/completions", json.dumps(asked | {"stream": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        for line in iter(resp.readline, b""):  # (until the first text, then gone)
+            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                break
+        conn.close()
+        deadline = time.time() + 30
+        while not finished and time.time() < deadline:
+            time.sleep(0.05)
+    (generation,) = finished
+    assert generation.finish_reason == "stop" and len(generation.completion_ids) < whole.usage.completion_tokens / 4
+
+
 def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):
     """`n` (a GRPO-style trainer asks for a group of samples per prompt): n sampled choices, choice i the sample
     `HFAgent.generate` draws from its i-th random stream of that seed (the first: the seed's own, what a request for

@@ -59,11 +59,13 @@ class Generation:
 class GenerationListener(Protocol):
     """Sees a ``generate`` call as it goes (``cowork serve`` streams from it): each conversation's prompt ids once
     encoded, then each token as it is drawn, with its raw log-probability and, where asked for, the k likeliest
-    tokens. ``index`` is the conversation's position in the call's input. Called from the generating thread."""
+    tokens. ``index`` is the conversation's position in the call's input. Called from the generating thread.
+    ``token`` returning True ends that conversation's turn there (a stop sequence said, a client gone): its text so
+    far is its answer, finish reason "stop"."""
 
     def prompt(self, index: int, prompt_ids: list[int]) -> None: ...
 
-    def token(self, index: int, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> None: ...
+    def token(self, index: int, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> bool | None: ...
 
 
 @dataclass
@@ -313,15 +315,15 @@ class HFAgent:
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
                                 [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema, top_logprobs,
                                 single_tool_call, on_token)
-            for (i, ids), (comp, lps, slps, finished, tops) in zip(chunk, outs):
+            for (i, ids), (comp, lps, slps, finished, tops, ended) in zip(chunk, outs):
                 messages = conversations[i][0]
-                results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages))
+                results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages), ended)
                 results[i].top_logprobs = tops
         return [r for r in results if r is not None]
 
     def _finish(self, prompt_ids: list[int], comp: list[int], lps: list[float], slps: list[float], stopped: bool,
-                id_offset: int) -> Generation:
-        body = comp[:-1] if stopped else comp
+                id_offset: int, ended: bool = False) -> Generation:
+        body = comp[:-1] if stopped and not ended else comp  # (a turn the listener ended has no stop token)
         text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         message = parse_assistant_output(text, truncated=not stopped, id_offset=id_offset)
         return Generation(message, text, prompt_ids, comp, "stop" if stopped else "length", lps, slps)
@@ -331,7 +333,7 @@ class HFAgent:
         tools: Sequence[Sequence[ToolSchema] | None] | None = None, require_tool_call: bool = False,
         json_schema: dict[str, Any] | None = None, top_logprobs: int = 0, single_tool_call: bool = False,
         on_token: Any = None,
-    ) -> list[tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]]]]:
+    ) -> list[tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]], bool]]:
         import torch
         from transformers import DynamicCache
 
@@ -394,6 +396,7 @@ class HFAgent:
         slps: list[list[float]] = [[] for _ in range(n)]
         tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
         stopped = [False] * n
+        ended = [False] * n  # (stopped by the listener, not by a stop token)
         rows = torch.arange(n, device=dev)  # original index of each live batch row
         matchers = ([self.constraint.matcher(t, require_tool_call, json_schema, single_tool_call)
                      for t in tools or [None] * n]
@@ -453,8 +456,9 @@ class HFAgent:
                     stopped[r] = bool(done_l[j])
                     if matchers is not None and matchers[r] is not None and not matchers[r].is_terminated():
                         matchers[r].accept_token(tok_l[j])
-                    if on_token is not None:
-                        on_token(r, tok_l[j], lp_l[j], top_l[j] if top_logprobs else None)
+                    if on_token is not None and on_token(r, tok_l[j], lp_l[j], top_l[j] if top_logprobs else None) \
+                            and not stopped[r]:
+                        stopped[r] = ended[r] = True
                 live_l = [not stopped[r] for r in rows_l]
                 n_live = sum(live_l)
                 if step == max_new - 1 or n_live == 0:
@@ -473,7 +477,7 @@ class HFAgent:
                 logits = out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
             save(list(range(len(rows))), rows.tolist())
-        return [(comps[r], lps[r], slps[r], stopped[r], tops[r]) for r in range(n)]
+        return [(comps[r], lps[r], slps[r], stopped[r], tops[r], ended[r]) for r in range(n)]
 
     # --- KV reuse across steps (prefix_cache.py) -------------------------------------------------------------
     def _reuse_enabled(self, cache: Any) -> bool:
@@ -509,8 +513,8 @@ class HFAgent:
         return tuple(p._version for p in self.model.parameters())
 
 
-def _relay(listener: GenerationListener, rows: list[int], r: int, *drawn: Any) -> None:
-    listener.token(rows[r], *drawn)
+def _relay(listener: GenerationListener, rows: list[int], r: int, *drawn: Any) -> bool | None:
+    return listener.token(rows[r], *drawn)
 
 
 def _top_p_filter(logp: Any, top_p: float) -> Any:

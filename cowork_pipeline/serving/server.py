@@ -13,7 +13,8 @@ through ``act``. Requests arriving together with the same settings are generated
 batched, KV-cached decoding is where throughput comes from; concurrent clients such as `cowork eval` or an RL
 framework's rollout workers feed it), each answer as it is alone: a sampled one is reproduced by its seed.
 Streamed requests get each choice's text as its tokens are drawn (an agent whose ``generate`` takes a
-``listener``; other agents' answers are streamed whole once given).
+``listener``; other agents' answers are streamed whole once given). Such an agent also stops generating where a
+stop sequence cuts the answer, and for a client that has left its stream.
 """
 from __future__ import annotations
 
@@ -433,22 +434,47 @@ def _takes(fn: Any, parameter: str) -> bool:
         return False
 
 
+class _StopWatch:
+    """Ends a row's turn once its text says a stop sequence where the answer would be cut there (:func:`_stopped`:
+    in the text before any tool call, past its leading whitespace), so that generation stops with it instead of
+    running on to the end of the turn for text that is cut away. Matched on bytes (a stop sequence's UTF-8 bytes
+    are found exactly where its characters are), nothing decoded."""
+
+    def __init__(self, stop: list[str], token_bytes: Callable[[int], bytes]) -> None:
+        from cowork_pipeline.agents.chat_format import TOOL_CALL_OPEN
+
+        self.stops, self.token_bytes = [x.encode() for x in stop], token_bytes
+        self.call = TOOL_CALL_OPEN.encode()
+        self.text = bytearray()
+        self.watching = True
+
+    def said(self, token_id: int) -> bool:
+        if not self.watching:
+            return False
+        self.text += self.token_bytes(token_id)
+        text = bytes(self.text).lstrip()
+        if (call := text.find(self.call)) >= 0:
+            self.watching, text = False, text[:call]  # (a tool call's text is not cut: its call would be lost)
+        return any(x in text for x in self.stops)
+
+
 class _Fanout:
     """``generate``'s listener for a batch: each row's prompt and tokens go to its request's listener, by the
-    choices the row is for (a greedy row is all n choices of its request)."""
+    choices the row is for (a greedy row is all n choices of its request); a row ends where its request's stop
+    sequence is said, or where its listener says so (its client gone)."""
 
-    def __init__(self, targets: list[tuple[Any, list[int]]]) -> None:
+    def __init__(self, targets: list[tuple[Any, list[int], _StopWatch | None]]) -> None:
         self.targets = targets
 
     def prompt(self, index: int, prompt_ids: list[int]) -> None:
-        listener, choices = self.targets[index]
+        listener, choices, _watch = self.targets[index]
         if listener is not None:
             listener.prompt(choices, prompt_ids)
 
-    def token(self, index: int, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
-        listener, choices = self.targets[index]
-        if listener is not None:
-            listener.token(choices, token_id, logprob, top)
+    def token(self, index: int, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> bool:
+        listener, choices, watch = self.targets[index]
+        gone = listener is not None and bool(listener.token(choices, token_id, logprob, top))
+        return (watch is not None and watch.said(token_id)) or gone
 
 
 class _Relay:
@@ -459,6 +485,7 @@ class _Relay:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop, self.items, self.ready = loop, deque(), asyncio.Event()
         self.lock, self.waking = threading.Lock(), False
+        self.gone = False  # (the client left: its rows end at their next token)
 
     def put(self, *item: Any) -> None:  # (from the generating thread)
         self.items.append(item)
@@ -487,8 +514,9 @@ class _Relay:
     def prompt(self, choices: list[int], prompt_ids: list[int]) -> None:
         self.put("prompt", choices, prompt_ids)
 
-    def token(self, choices: list[int], token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+    def token(self, choices: list[int], token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> bool:
         self.put("token", choices, token_id, logprob, top)
+        return self.gone
 
 
 class _Batcher:
@@ -504,21 +532,30 @@ class _Batcher:
         self.cond = threading.Condition()
         self.queue: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int, Any, Future]] = []
         self.streams = _takes(getattr(agent, "generate", None), "listener")
+        self._token_bytes: Callable[[int], bytes] | None = None
         self.greedy = float(getattr(agent, "temperature", 0.0) or 0.0) <= 0.0  # the agent's default for requests without one
         threading.Thread(target=self._loop, daemon=True, name="cowork-serve-batcher").start()
 
-    def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1) -> list[Any]:
+    def token_bytes(self) -> Callable[[int], bytes]:
+        """The agent's tokens' bytes (its tokenizer's alphabet and added tokens take ms to read: once)."""
+        if self._token_bytes is None:
+            self._token_bytes = _token_bytes(self.agent.tokenizer)
+        return self._token_bytes
+
+    def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1,
+            stop: list[str] | None = None) -> list[Any]:
         """The request's ``n`` answers: one greedy answer n times (n copies would be the same), or n samples."""
-        return self.submit(messages, tools, opts, n).result()
+        return self.submit(messages, tools, opts, n, stop=stop).result()
 
     def submit(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1,
-               listener: Any = None) -> Future:
+               listener: Any = None, stop: list[str] | None = None) -> Future:
         """:meth:`run`'s answers, to come; ``listener`` (where the agent can stream, :attr:`streams`) sees the
         request's prompt ids and tokens as they are generated, by the choices they are for: ``prompt(choices,
-        ids)`` and ``token(choices, token_id, logprob, top)``."""
+        ids)`` and ``token(choices, token_id, logprob, top)``, which ends them by returning True. Where the agent
+        can be listened to, generation stops at a ``stop`` sequence the answer is cut at."""
         fut: Future = Future()
         with self.cond:
-            self.queue.append((messages, tools, opts, n, listener, fut))
+            self.queue.append((messages, tools, opts, n, (listener, stop or []), fut))
             self.cond.notify()
         return fut
 
@@ -571,15 +608,18 @@ class _Batcher:
                 sampled = self._sampled(first[2])
                 rows: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
                 seeds: list[int] = []
-                targets: list[tuple[Any, list[int]]] = []  # per row: its request's listener and the choices it is
-                for m, t, o, n, listener, _f in batch:
+                # per row: its request's listener, the choices it is, and what watches for its stop sequences
+                targets: list[tuple[Any, list[int], _StopWatch | None]] = []
+                for m, t, o, n, (listener, stop), _f in batch:
                     copies = n if sampled else 1
                     rows += [(m, t)] * copies
                     seed = o["seed"] if "seed" in o else secrets.randbits(63)
                     seeds += [_choice_seed(seed, i) for i in range(copies)]
-                    targets += [(listener, [i]) for i in range(n)] if sampled else [(listener, list(range(n)))]
+                    for choices in ([[i] for i in range(n)] if sampled else [list(range(n))]):
+                        watch = _StopWatch(stop, self.token_bytes()) if stop and self.streams else None
+                        targets.append((listener, choices, watch))
                 opts = {k: v for k, v in first[2].items() if k != "seed"}
-                if any(listener is not None for listener, _ in targets):
+                if any(listener is not None or watch is not None for listener, _c, watch in targets):
                     opts["listener"] = _Fanout(targets)
                 gens = generate(rows, **opts, seeds=seeds) if sampled else generate(rows, **opts)
                 at = 0
@@ -602,9 +642,6 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
     created = int(time.time())
     batcher = _Batcher(agent, max_batch=max_batch)
 
-    @functools.cache
-    def bytes_of() -> Callable[[int], bytes]:  # (reading the tokenizer's alphabet and added tokens takes ms: once)
-        return _token_bytes(agent.tokenizer)
 
     async def chat_completions(request: Request) -> JSONResponse:
         try:
@@ -630,10 +667,10 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         if delivery["stream"] and batcher.streams:
             return await _streamed(head, messages, tools, opts, delivery)
         try:
-            answers = await run_in_threadpool(batcher.run, messages, tools, opts, delivery["n"])
+            answers = await run_in_threadpool(batcher.run, messages, tools, opts, delivery["n"], delivery["stop"])
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
             return _failed(exc)
-        token_bytes = bytes_of() if answers[0][3] is not None else None
+        token_bytes = batcher.token_bytes() if answers[0][3] is not None else None
         choices = [_choice(i, *answer, delivery, token_bytes) for i, answer in enumerate(answers)]
         prompt_ids = {"prompt_token_ids": list(answers[0][3].prompt_ids)} \
             if delivery["return_token_ids"] and answers[0][3] is not None else {}
@@ -652,14 +689,14 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         :class:`_StreamedChoice`), its tool calls and finish reason when it is done. A request that fails before
         its first token is a 500; one that fails later ends its stream with an error event."""
         relay = _Relay(asyncio.get_running_loop())
-        fut = batcher.submit(messages, tools, opts, delivery["n"], relay)
+        fut = batcher.submit(messages, tools, opts, delivery["n"], relay, delivery["stop"])
         fut.add_done_callback(lambda f: relay.put("done", f))
         taken = await relay.taken()
         first = taken[0]
         if first[0] == "done" and first[1].exception() is not None:
             return _failed(first[1].exception())
         head = {**head, "object": "chat.completion.chunk"}
-        usage_chunk, token_bytes = delivery["usage_chunk"], bytes_of()
+        usage_chunk, token_bytes = delivery["usage_chunk"], batcher.token_bytes()
         writers = [_StreamedChoice(agent.tokenizer, getattr(agent, "stop_ids", ()), delivery["stop"], token_bytes)
                    for _ in range(delivery["n"])]
 
@@ -667,6 +704,13 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
             return {"content": [_logprob_entry(token_bytes, *d, as_ids) for d in drawn]}
 
         async def stream():
+            try:
+                async for events in answer():
+                    yield events
+            finally:  # (done, or the client gone: a row still generating for it ends at its next token)
+                relay.gone = True
+
+        async def answer():
             nonlocal taken
             if first[0] == "prompt":
                 prompt_ids = first[2]
