@@ -214,6 +214,8 @@ def test_openai_client_raises_bad_request(stub_server):
 
 def test_unknown_route_is_json_404(stub_server):
     base, _ = stub_server
+    with urllib.request.urlopen(base + "/health", timeout=10) as resp:  # (and the readiness probe answers)
+        assert resp.status == 200
     status, body = _post(base + "/v1/nope", b"{}")
     assert status == 404 and "error" in body
 
@@ -499,7 +501,7 @@ def test_requests_that_keep_arriving_join_one_batch():
     answers: dict[int, str] = {}
 
     def ask(i: int) -> None:
-        answers[i] = batcher.run([{"role": "user", "content": f"item {i}"}], [], {})[0][0]["content"]
+        answers[i] = batcher.run(("chat", [{"role": "user", "content": f"item {i}"}], []), {})[0][0]["content"]
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(12)]
     for t in threads:
@@ -712,6 +714,123 @@ def test_a_client_that_leaves_a_stream_ends_its_generation(tmp_path):
             time.sleep(0.05)
     (generation,) = finished
     assert generation.finish_reason == "stop" and len(generation.completion_ids) < whole.usage.completion_tokens / 4
+
+
+def test_text_completions_continue_token_ids_as_given(student_checkpoint):
+    """`/v1/completions` with token ids (token in, token out: RL frameworks render their own prompts and train on
+    the ids they sampled, so no text is tokenized again): the prompt's ids are continued as given, each choice
+    carries its token ids (the stop token included), their logprobs (an RL trainer recomputes them), the k
+    likeliest tokens, the prompt's ids; a string prompt is tokenized; several prompts and `n` give choices by
+    prompt then sample; a stop sequence cuts the text and ends generation."""
+    import torch
+
+    from cowork_pipeline.agents.chat_format import render_prompt
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.serving.server import _choice_seed
+    from cowork_pipeline.training.rl import _forward_logprobs, _vocab_limit
+
+    local = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64)
+    done = _demos(1)[0]["messages"][:4]
+    (chat,) = local.generate([(done, [MAIL_SEND])])
+    ids = chat.prompt_ids
+    (want,) = local.complete([ids], max_new_tokens=64, top_logprobs=2)
+    assert (want.text, want.completion_ids) == (chat.text, chat.completion_ids) == ("Sent.", want.completion_ids)
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        api = client(base)
+        got = api.completions.create(model="student", prompt=ids, max_tokens=64, logprobs=2,
+                                     extra_body={"return_token_ids": True})
+        (choice,) = got.choices
+        assert (choice.text, choice.finish_reason) == ("Sent.", "stop") and got.object == "text_completion"
+        assert choice.model_extra["prompt_token_ids"] == ids and choice.model_extra["token_ids"] == want.completion_ids
+        assert "".join(choice.logprobs.tokens) == "Sent." and choice.logprobs.text_offset == [0, 1, 4]
+        assert choice.logprobs.token_logprobs == pytest.approx(want.logprobs[:-1])
+        assert [lp for top in choice.logprobs.top_logprobs for lp in top.values()] == \
+               pytest.approx([lp for top in want.top_logprobs[:-1] for _, lp in top])
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), len(want.completion_ids))
+        with torch.no_grad():
+            lp, _ = _forward_logprobs(local.model, [(ids, choice.model_extra["token_ids"])], 1.0, _vocab_limit(local), "cpu")
+        assert lp[0, :3].tolist() == pytest.approx(choice.logprobs.token_logprobs, abs=1e-4)
+
+        text = render_prompt(local.tokenizer, done, [MAIL_SEND], add_generation_prompt=True)
+        worded = api.completions.create(model="student", prompt=text, max_tokens=64, extra_body={"return_token_ids": True})
+        assert worded.choices[0].model_extra["prompt_token_ids"] == list(local.tokenizer(text)["input_ids"])
+        assert worded.choices[0].text == "Sent."
+
+        other = _demos(1)[0]["messages"][:2]
+        (asked,) = local.generate([(other, [MAIL_SEND])])
+        group = api.completions.create(model="student", prompt=[ids, asked.prompt_ids], n=2, temperature=1.0, seed=3,
+                                       max_tokens=40, extra_body={"return_token_ids": True})
+        assert [c.index for c in group.choices] == [0, 1, 2, 3]
+        drawn = local.complete([ids, ids, asked.prompt_ids, asked.prompt_ids], temperature=1.0, max_new_tokens=40,
+                               seeds=[_choice_seed(3, 0), _choice_seed(3, 1)] * 2)
+        assert [c.model_extra["token_ids"] for c in group.choices] == [g.completion_ids for g in drawn]
+        assert group.usage.prompt_tokens == len(ids) + len(asked.prompt_ids)
+
+        cut = api.completions.create(model="student", prompt=ids, max_tokens=64, stop=["ent"], logprobs=0,
+                                     extra_body={"return_token_ids": True})
+        assert (cut.choices[0].text, cut.choices[0].finish_reason, cut.usage.completion_tokens) == ("S", "stop", 2)
+        assert cut.choices[0].model_extra["token_ids"] == want.completion_ids[:1] and cut.choices[0].logprobs.tokens == ["S"]
+
+
+def test_a_conversation_tokenized_by_the_server_continues_as_the_chat_endpoint_answers(student_checkpoint):
+    """vLLM's `/tokenize` with messages gives the ids the chat endpoint reads (its template, the tools, the
+    assistant's turn opened): a client that continues them with `/v1/completions` gets the chat endpoint's tokens,
+    token in and token out; `/detokenize` gives their text back; a text prompt is tokenized as it is."""
+    from cowork_pipeline.agents.chat_format import render_prompt
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    done = _demos(1)[0]["messages"][:4]
+    agent = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64)
+    with running(make_app(agent, model_name="student")) as base:
+        chat = client(base).chat.completions.create(model="student", messages=done, tools=[MAIL_SEND],
+                                                    extra_body={"return_token_ids": True})
+        status, tokenized = _post(base + "/tokenize", json.dumps({"model": "student", "messages": done,
+                                                                  "tools": [MAIL_SEND]}).encode())
+        assert status == 200 and tokenized["tokens"] == chat.model_extra["prompt_token_ids"]
+        assert tokenized["count"] == len(tokenized["tokens"]) and tokenized["max_model_len"] == agent.max_context_tokens
+        continued = client(base).completions.create(model="student", prompt=tokenized["tokens"], max_tokens=64,
+                                                    extra_body={"return_token_ids": True})
+        assert continued.choices[0].model_extra["token_ids"] == chat.choices[0].model_extra["token_ids"]
+        assert continued.choices[0].text == chat.choices[0].message.content == "Sent."
+
+        status, back = _post(base + "/detokenize", json.dumps({"tokens": tokenized["tokens"]}).encode())
+        assert status == 200 and back["prompt"] == render_prompt(agent.tokenizer, done, [MAIL_SEND], add_generation_prompt=True)
+        status, plain = _post(base + "/tokenize", json.dumps({"prompt": "Status update."}).encode())
+        assert plain["tokens"] == list(agent.tokenizer("Status update.")["input_ids"])
+        for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"messages": []}, "messages"),
+                                  ("/tokenize", {"prompt": "x", "add_generation_prompt": "yes"}, "add_generation_prompt"),
+                                  ("/detokenize", {"tokens": [10**6]}, "tokens"), ("/detokenize", {}, "tokens")):
+            status, answer = _post(base + path, json.dumps(body).encode())
+            assert status == 400 and answer["error"]["param"] == param, (path, body, answer)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[]]}, "prompt"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": [10**6]}, "prompt"),
+    ({"prompt": [1] * 2000}, "prompt"),
+    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "suffix": "!"}, "suffix"),
+    ({"prompt": "hi", "stream": True}, "stream"),
+    ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"prompt": "hi", "logprobs": True}, "logprobs"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "best_of": 3}, "best_of"),
+])
+def test_text_completions_refuse_what_they_cannot_honour(student_checkpoint, body, param):
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    with running(make_app(HFAgent(student_checkpoint, device="cpu", max_new_tokens=64), model_name="student")) as base:
+        status, answer = _post(base + "/v1/completions", json.dumps({"model": "student", **body}).encode())
+    assert status == 400 and answer["error"]["param"] == param, answer
+
+
+def test_text_completions_need_a_checkpoint(stub_server):
+    base, _ = stub_server
+    status, answer = _post(base + "/v1/completions", json.dumps({"model": "stub", "prompt": "hi"}).encode())
+    assert status == 400 and "/v1/chat/completions" in answer["error"]["message"]
 
 
 def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):

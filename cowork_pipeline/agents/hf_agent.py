@@ -19,6 +19,8 @@ kept. If even system block + latest unit does not fit, nothing is generated and 
 carries ``parse_error = "context_overflow: ..."`` (the runner turns it into a failed step).
 
 Prompts are rendered with ``chat_format.render_prompt`` (always ``CHAT_TEMPLATE``), exactly as SFT data is.
+``complete`` continues prompts given as token ids instead (token in, token out), through the same decode loop.
+A ``GenerationListener`` sees prompts and tokens as they are generated (streaming), and may end a turn early.
 
 Strict tool calls (``strict_tools=True``, the default): when tools are offered, each row's next-token logits are
 masked by a grammar of the offered tools' schemas (``agents/constrained.py``), so every ``<tool_call>`` the model
@@ -271,25 +273,13 @@ class HFAgent:
         ``seed``): each conversation samples from its own random stream, so its sample does not depend on what it is
         batched with (with one ``seed`` the batch shares one stream). ``listener`` sees each prompt and token as it
         is generated (what is generated does not depend on it)."""
-        import torch
-
         if (require_tool_call or single_tool_call or json_schema is not None) and self.constraint is None:
             raise ValueError("a required or single tool call, or a JSON answer, needs strict tool calls "
                              "(HFAgent(strict_tools=True))")
 
         if seeds is not None and len(seeds) != len(conversations):
             raise ValueError(f"{len(seeds)} seeds for {len(conversations)} conversations")
-        temperature = self.temperature if temperature is None else float(temperature)
-        top_p = self.top_p if top_p is None else float(top_p)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        seed = self.seed if seed is None else int(seed)
-        if self._prefix_cache is not None:
-            version = self._weights_version()
-            if version != self._cached_weights:
-                self._prefix_cache.clear()
-            self._cached_weights = version
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-
         results: list[Generation | None] = [None] * len(conversations)
         prompts: list[tuple[int, list[int]]] = []
         for i, (messages, tools) in enumerate(conversations):
@@ -303,9 +293,82 @@ class HFAgent:
                 prompts.append((i, ids))
                 if listener is not None:
                     listener.prompt(i, ids)
+        for i, ids, (comp, lps, slps, finished, tops, ended) in self._decoded(
+                prompts, temperature, top_p, max_new, seed, seeds, listener, top_logprobs,
+                [conversations[i][1] for i in range(len(conversations))], require_tool_call, json_schema,
+                single_tool_call):
+            messages = conversations[i][0]
+            results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages), ended)
+            results[i].top_logprobs = tops
+        return [r for r in results if r is not None]
 
+    def complete(
+        self,
+        prompts: Sequence[Sequence[int]],
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+        top_logprobs: int = 0,
+        seeds: Sequence[int] | None = None,
+        listener: GenerationListener | None = None,
+    ) -> list[Generation]:
+        """Token in, token out: each prompt's token ids continued as given (no chat template, no context policy),
+        as an RL framework that renders its own prompts, and trains on the ids it sampled, asks. Options as for
+        :meth:`generate`; each turn ends at a stop token or after ``max_new_tokens``. ``Generation.message`` is
+        empty and ``text`` is the completion's text, the stop token that ended it left out. ValueError for a prompt
+        that is empty, holds an id outside the tokenizer's vocabulary, or leaves no room for ``max_new_tokens``."""
+        max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        rows: list[tuple[int, list[int]]] = []
+        for i, ids in enumerate(prompts):
+            ids = [int(t) for t in ids]
+            if (why := self.prompt_problem(ids, max_new)) is not None:
+                raise ValueError(f"prompt {i}: {why}")
+            rows.append((i, ids))
+            if listener is not None:
+                listener.prompt(i, ids)
+        results: list[Generation | None] = [None] * len(prompts)
+        for i, ids, (comp, lps, slps, finished, tops, ended) in self._decoded(
+                rows, temperature, top_p, max_new, seed, seeds, listener, top_logprobs):
+            body = comp[:-1] if finished and not ended else comp
+            text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            results[i] = Generation({}, text, ids, comp, "stop" if finished else "length", lps, slps, tops)
+        return [r for r in results if r is not None]
+
+    def prompt_problem(self, ids: Sequence[int], max_new_tokens: int | None = None) -> str | None:
+        """Why :meth:`complete` would refuse the prompt ``ids`` (None: it would not)."""
+        max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if not ids:
+            return "it is empty"
+        if (bad := next((t for t in ids if not 0 <= t < self._n_real_tokens), None)) is not None:
+            return f"token id {bad} is not in the vocabulary (0 to {self._n_real_tokens - 1})"
+        if len(ids) + max_new > self.max_context_tokens:
+            return (f"its {len(ids)} tokens and max_tokens={max_new} exceed the model's context of "
+                    f"{self.max_context_tokens} tokens")
+        return None
+
+    def _decoded(self, prompts: list[tuple[int, list[int]]], temperature: float | None, top_p: float | None,
+                 max_new: int, seed: int | None, seeds: Sequence[int] | None, listener: GenerationListener | None,
+                 top_logprobs: int, tools: Sequence[Sequence[ToolSchema]] | None = None,
+                 require_tool_call: bool = False, json_schema: dict[str, Any] | None = None,
+                 single_tool_call: bool = False) -> Any:
+        """(input position, prompt ids, what :meth:`_decode` made of it) for each ``(position, ids)`` prompt,
+        decoded in batches of similar lengths; ``tools`` by input position (None: no tools, no grammar)."""
+        import torch
+
+        temperature = self.temperature if temperature is None else float(temperature)
+        top_p = self.top_p if top_p is None else float(top_p)
+        seed = self.seed if seed is None else int(seed)
+        if self._prefix_cache is not None:
+            version = self._weights_version()
+            if version != self._cached_weights:
+                self._prefix_cache.clear()
+            self._cached_weights = version
+        generator = torch.Generator(device=self.device).manual_seed(seed)
         # Sorting by length groups similar prompts, which minimises left padding inside each batch.
-        prompts.sort(key=lambda p: len(p[1]))
+        prompts = sorted(prompts, key=lambda p: len(p[1]))
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             if seeds is not None:
@@ -313,13 +376,10 @@ class HFAgent:
             # (the decode loop numbers the chunk's rows; the listener knows conversations by their input position)
             on_token = None if listener is None else partial(_relay, listener, [i for i, _ in chunk])
             outs = self._decode([ids for _, ids in chunk], temperature, top_p, max_new, generator,
-                                [conversations[i][1] for i, _ in chunk], require_tool_call, json_schema, top_logprobs,
-                                single_tool_call, on_token)
-            for (i, ids), (comp, lps, slps, finished, tops, ended) in zip(chunk, outs):
-                messages = conversations[i][0]
-                results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages), ended)
-                results[i].top_logprobs = tops
-        return [r for r in results if r is not None]
+                                [tools[i] for i, _ in chunk] if tools is not None else None, require_tool_call,
+                                json_schema, top_logprobs, single_tool_call, on_token)
+            for (i, ids), out in zip(chunk, outs):
+                yield i, ids, out
 
     def _finish(self, prompt_ids: list[int], comp: list[int], lps: list[float], slps: list[float], stopped: bool,
                 id_offset: int, ended: bool = False) -> Generation:

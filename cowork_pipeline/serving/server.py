@@ -4,7 +4,11 @@
 and ``top_logprobs``, vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids``, ``tool_choice`` auto, none,
 required or a named function, ``parallel_tool_calls`` false, and ``response_format`` text, json_object or
 json_schema: a required or single call or a JSON answer for a model served with strict tool calls, whose grammar
-makes the turn open with the call, end after it, or be one JSON value valid for the schema) and ``GET /v1/models``.
+makes the turn open with the call, end after it, or be one JSON value valid for the schema), ``POST
+/v1/completions`` (token in, token out: prompts as token ids or text, continued as given, with ``n``, ``stop``,
+the legacy ``logprobs`` and ``return_token_ids``, for an agent that can ``complete`` raw prompts), vLLM's
+``POST /tokenize`` (a text's or a conversation's ids, rendered as the chat endpoint renders it) and ``/detokenize``,
+``GET /v1/models`` and ``GET /health``.
 Settings that change what the model writes and are not implemented here (penalties, logit_bias, top_k, ...) are
 400s unless neutral.
 Any ``Agent`` can be served; agents exposing ``generate(conversations, temperature=, top_p=, max_new_tokens=,
@@ -22,6 +26,7 @@ import asyncio
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import re
 import secrets
@@ -38,7 +43,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from cowork_pipeline.agents.base import Agent
@@ -81,6 +86,126 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
     sequences) or raise BadRequest."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    messages, tools = _conversation(body)
+    tools, opts = _tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    if parallel is False and tools:
+        opts["single_tool_call"] = True
+    if (schema := _json_schema(body.get("response_format"))) is not None:
+        if tools:
+            raise BadRequest("a JSON response_format with tools is not supported: the answer is either calls or one JSON "
+                             "value (send no tools, or tool_choice 'none')", "response_format")
+        opts["json_schema"] = schema
+    delivery = _sampling(body, opts)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise BadRequest("'logprobs' must be a boolean", "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise BadRequest("'top_logprobs' must be an integer in [0, 20]", "top_logprobs")
+        if not logprobs:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        if top:
+            opts["top_logprobs"] = top
+    return messages, tools, opts, delivery | {"logprobs": bool(logprobs)}
+
+
+def _sampling(body: dict[str, Any], opts: dict[str, Any], max_tokens: int | None = None) -> dict[str, Any]:
+    """The settings chat and text completions share: sampling and length into ``opts`` (``max_tokens``: the
+    default where the request gives none); returned, how the answer is delivered (stream, usage chunk, stop
+    sequences, n, vLLM's token-id flags). Settings that change what the model writes and are not implemented
+    here are refused."""
+    for key, neutral in _UNSUPPORTED.items():
+        if key in body and body[key] not in neutral:
+            raise BadRequest(f"'{key}' is not supported by this server (it would be ignored); leave it out", key)
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", "stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
+        raise BadRequest("'stream_options' is an object, and only allowed when 'stream' is true", "stream_options")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and x for x in stop)):
+        raise BadRequest("'stop' must be a non-empty string or an array of up to 4 of them", "stop")
+    n = body.get("n")
+    n = 1 if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise BadRequest(f"'n' must be an integer in [1, {MAX_N}]", "n")
+    if (t := _number(body, "temperature", 0.0, 2.0)) is not None:
+        opts["temperature"] = t
+    if (p := _number(body, "top_p", 0.0, 1.0)) is not None:
+        if p <= 0.0:
+            raise BadRequest("'top_p' must be > 0", "top_p")
+        opts["top_p"] = p
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", max_tokens))
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise BadRequest("'max_tokens' must be a positive integer", "max_tokens")
+        opts["max_new_tokens"] = max_tokens
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise BadRequest("'seed' must be an integer", "seed")
+        opts["seed"] = seed
+    flags = {}
+    for key in ("return_token_ids", "return_tokens_as_token_ids"):  # (vLLM's, which RL frameworks read)
+        if body.get(key) is not None and not isinstance(body[key], bool):
+            raise BadRequest(f"'{key}' must be a boolean", key)
+        flags[key] = bool(body.get(key))
+    return {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or [],
+            "n": n, **flags}
+
+
+def _validate_completion(body: Any, tokenize: Callable[[str], list[int]]) -> tuple[list[list[int]], dict[str, Any], dict[str, Any]]:
+    """A text completion request (``/v1/completions``): its prompts as token ids (a string, a list of token ids,
+    or a list of either; strings tokenized by ``tokenize``), generation options and delivery (``logprobs``: how
+    many likeliest tokens to give at each step, 0 to 20, or None for no logprobs); or BadRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt)):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt or not all(
+            (isinstance(p, str) and p) or (isinstance(p, list) and p and all(_is_id(t) for t in p)) for p in prompt):
+        raise BadRequest("'prompt' must be a non-empty string, a non-empty array of token ids, or an array of them",
+                         "prompt")
+    for key in ("echo", "suffix"):
+        if body.get(key):
+            raise BadRequest(f"'{key}' is not supported by this server; leave it out", key)
+    opts: dict[str, Any] = {}
+    delivery = _sampling(body, opts, max_tokens=16)  # (the legacy API's default length)
+    if delivery["stream"]:
+        raise BadRequest("'stream' is not supported on /v1/completions (it is on /v1/chat/completions)", "stream")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20):
+        raise BadRequest("'logprobs' must be an integer in [0, 20]: how many likeliest tokens to give", "logprobs")
+    if logprobs:
+        opts["top_logprobs"] = logprobs
+    return [tokenize(p) if isinstance(p, str) else list(p) for p in prompt], opts, delivery | {"logprobs": logprobs}
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The request's JSON object, or BadRequest."""
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def _conversation(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A request's messages (OpenAI's "developer" role as our system) and tools, checked; or BadRequest."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", "messages")
@@ -104,71 +229,7 @@ def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str):
             raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
-    tools, opts = _tool_choice(body.get("tool_choice"), tools)
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
-    if parallel is False and tools:
-        opts["single_tool_call"] = True
-    for key, neutral in _UNSUPPORTED.items():
-        if key in body and body[key] not in neutral:
-            raise BadRequest(f"'{key}' is not supported by this server (it would be ignored); leave it out", key)
-    if (schema := _json_schema(body.get("response_format"))) is not None:
-        if tools:
-            raise BadRequest("a JSON response_format with tools is not supported: the answer is either calls or one JSON "
-                             "value (send no tools, or tool_choice 'none')", "response_format")
-        opts["json_schema"] = schema
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean", "stream")
-    stream_options = body.get("stream_options")
-    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
-        raise BadRequest("'stream_options' is an object, and only allowed when 'stream' is true", "stream_options")
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and (not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and x for x in stop)):
-        raise BadRequest("'stop' must be a non-empty string or an array of up to 4 of them", "stop")
-    n = body.get("n")
-    n = 1 if n is None else n
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise BadRequest(f"'n' must be an integer in [1, {MAX_N}]", "n")
-    logprobs = body.get("logprobs")
-    if logprobs is not None and not isinstance(logprobs, bool):
-        raise BadRequest("'logprobs' must be a boolean", "logprobs")
-    top = body.get("top_logprobs")
-    if top is not None:
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
-            raise BadRequest("'top_logprobs' must be an integer in [0, 20]", "top_logprobs")
-        if not logprobs:
-            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-        if top:
-            opts["top_logprobs"] = top
-
-    if (t := _number(body, "temperature", 0.0, 2.0)) is not None:
-        opts["temperature"] = t
-    if (p := _number(body, "top_p", 0.0, 1.0)) is not None:
-        if p <= 0.0:
-            raise BadRequest("'top_p' must be > 0", "top_p")
-        opts["top_p"] = p
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise BadRequest("'max_tokens' must be a positive integer", "max_tokens")
-        opts["max_new_tokens"] = max_tokens
-    seed = body.get("seed")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise BadRequest("'seed' must be an integer", "seed")
-        opts["seed"] = seed
-    flags = {}
-    for key in ("return_token_ids", "return_tokens_as_token_ids"):  # (vLLM's, which RL frameworks read)
-        if body.get(key) is not None and not isinstance(body[key], bool):
-            raise BadRequest(f"'{key}' must be a boolean", key)
-        flags[key] = bool(body.get(key))
-    delivery = {"stream": bool(stream), "usage_chunk": bool((stream_options or {}).get("include_usage")), "stop": stop or [],
-                "logprobs": bool(logprobs), "n": n, **flags}
-    return messages, tools, opts, delivery
+    return messages, tools
 
 
 _TOOL_CHOICES = "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}"
@@ -412,6 +473,33 @@ class _StreamedChoice:
         return delta, tokens
 
 
+def _completion_choice(index: int, generation: Any, delivery: dict[str, Any],
+                       token_bytes: Callable[[int], bytes]) -> dict[str, Any]:
+    """One text completion choice: the text cut at the first stop sequence, the legacy API's ``logprobs``
+    (tokens, their logprobs, the k likeliest at each step, each token's offset in the text) and vLLM's token ids
+    (the prompt's and the completion's, the stop token that ended it included unless a stop sequence cut it)."""
+    text, finish = generation.text, generation.finish_reason
+    cut = _stop_at(text, delivery["stop"])
+    if cut is not None:
+        text, finish = text[:cut], "stop"
+    kept = _kept(token_bytes, generation, delivery["stop"] if cut is not None else [])
+    out: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+    if delivery["logprobs"] is not None:
+        def named(tid: int) -> str:
+            return f"token_id:{tid}" if delivery["return_tokens_as_token_ids"] else token_bytes(tid).decode(errors="replace")
+
+        tokens = [named(t) for t in generation.completion_ids[:kept]]
+        offsets = [0, *itertools.accumulate(len(t) for t in tokens)][: len(tokens)]
+        tops = [{named(t): v for t, v in top} for top in generation.top_logprobs[:kept]] \
+            if delivery["logprobs"] else None
+        out["logprobs"] = {"tokens": tokens, "token_logprobs": generation.logprobs[:kept], "top_logprobs": tops,
+                           "text_offset": offsets}
+    if delivery["return_token_ids"]:
+        out["prompt_token_ids"] = list(generation.prompt_ids)
+        out["token_ids"] = list(generation.completion_ids[:kept] if cut is not None else generation.completion_ids)
+    return out
+
+
 def _usage(answers: list[Any]) -> dict[str, int]:
     """The prompt is read once, whatever n; every choice's tokens count."""
     usage = dict(answers[0][2], completion_tokens=sum(a[2]["completion_tokens"] for a in answers))
@@ -440,11 +528,11 @@ class _StopWatch:
     running on to the end of the turn for text that is cut away. Matched on bytes (a stop sequence's UTF-8 bytes
     are found exactly where its characters are), nothing decoded."""
 
-    def __init__(self, stop: list[str], token_bytes: Callable[[int], bytes]) -> None:
+    def __init__(self, stop: list[str], token_bytes: Callable[[int], bytes], answer: bool = True) -> None:
         from cowork_pipeline.agents.chat_format import TOOL_CALL_OPEN
 
         self.stops, self.token_bytes = [x.encode() for x in stop], token_bytes
-        self.call = TOOL_CALL_OPEN.encode()
+        self.call = TOOL_CALL_OPEN.encode() if answer else None  # (a raw completion is cut anywhere, as it is)
         self.text = bytearray()
         self.watching = True
 
@@ -452,6 +540,8 @@ class _StopWatch:
         if not self.watching:
             return False
         self.text += self.token_bytes(token_id)
+        if self.call is None:
+            return any(x in self.text for x in self.stops)
         text = bytes(self.text).lstrip()
         if (call := text.find(self.call)) >= 0:
             self.watching, text = False, text[:call]  # (a tool call's text is not cut: its call would be lost)
@@ -542,20 +632,21 @@ class _Batcher:
             self._token_bytes = _token_bytes(self.agent.tokenizer)
         return self._token_bytes
 
-    def run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1,
-            stop: list[str] | None = None) -> list[Any]:
-        """The request's ``n`` answers: one greedy answer n times (n copies would be the same), or n samples."""
-        return self.submit(messages, tools, opts, n, stop=stop).result()
+    def run(self, prompt: tuple, opts: dict[str, Any], n: int = 1, stop: list[str] | None = None) -> list[Any]:
+        """The request's ``n`` answers: one greedy answer n times (n copies would be the same), or n samples.
+        ``prompt`` is ``("chat", messages, tools)``, or ``("text", token_ids)`` for an agent that can ``complete``
+        raw prompts."""
+        return self.submit(prompt, opts, n, stop=stop).result()
 
-    def submit(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], opts: dict[str, Any], n: int = 1,
-               listener: Any = None, stop: list[str] | None = None) -> Future:
+    def submit(self, prompt: tuple, opts: dict[str, Any], n: int = 1, listener: Any = None,
+               stop: list[str] | None = None) -> Future:
         """:meth:`run`'s answers, to come; ``listener`` (where the agent can stream, :attr:`streams`) sees the
         request's prompt ids and tokens as they are generated, by the choices they are for: ``prompt(choices,
         ids)`` and ``token(choices, token_id, logprob, top)``, which ends them by returning True. Where the agent
         can be listened to, generation stops at a ``stop`` sequence the answer is cut at."""
         fut: Future = Future()
         with self.cond:
-            self.queue.append((messages, tools, opts, n, (listener, stop or []), fut))
+            self.queue.append((prompt, opts, n, (listener, stop or []), fut))
             self.cond.notify()
         return fut
 
@@ -595,35 +686,37 @@ class _Batcher:
                 self._gather()
             with self.cond:
                 if callable(generate):
-                    key = self._key(first[2])
-                    batch = [r for r in self.queue if self._key(r[2]) == key][: self.max_batch]
+                    kind, key = first[0][0], self._key(first[1])
+                    batch = [r for r in self.queue if r[0][0] == kind and self._key(r[1]) == key][: self.max_batch]
                 else:
                     batch = [first]
                 self.queue = [r for r in self.queue if not any(r is b for b in batch)]
             try:
                 if not callable(generate):  # a plain agent (one request per batch): its act, no token usage
-                    m, t, _o, n, _l, fut = batch[0]
+                    (_kind, m, t), _o, n, _l, fut = batch[0]
                     fut.set_result([_answer(self.agent.act(m, t), "stop", 0, 0) for _ in range(n)])
                     continue
-                sampled = self._sampled(first[2])
-                rows: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+                sampled = self._sampled(first[1])
+                rows: list[Any] = []  # (messages, tools) to generate for, or token ids to continue
                 seeds: list[int] = []
                 # per row: its request's listener, the choices it is, and what watches for its stop sequences
                 targets: list[tuple[Any, list[int], _StopWatch | None]] = []
-                for m, t, o, n, (listener, stop), _f in batch:
+                for prompt, o, n, (listener, stop), _f in batch:
                     copies = n if sampled else 1
-                    rows += [(m, t)] * copies
+                    rows += [prompt[1:] if kind == "chat" else prompt[1]] * copies
                     seed = o["seed"] if "seed" in o else secrets.randbits(63)
                     seeds += [_choice_seed(seed, i) for i in range(copies)]
                     for choices in ([[i] for i in range(n)] if sampled else [list(range(n))]):
-                        watch = _StopWatch(stop, self.token_bytes()) if stop and self.streams else None
+                        watch = _StopWatch(stop, self.token_bytes(), answer=kind == "chat") \
+                            if stop and self.streams else None
                         targets.append((listener, choices, watch))
-                opts = {k: v for k, v in first[2].items() if k != "seed"}
+                opts = {k: v for k, v in first[1].items() if k != "seed"}
                 if any(listener is not None or watch is not None for listener, _c, watch in targets):
                     opts["listener"] = _Fanout(targets)
-                gens = generate(rows, **opts, seeds=seeds) if sampled else generate(rows, **opts)
+                call = generate if kind == "chat" else self.agent.complete  # type: ignore[attr-defined]
+                gens = call(rows, **opts, seeds=seeds) if sampled else call(rows, **opts)
                 at = 0
-                for _m, _t, _o, n, _l, fut in batch:
+                for _p, _o, n, _l, fut in batch:
                     c = n if sampled else 1
                     mine, at = gens[at : at + c], at + c
                     fut.set_result([_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids), g)
@@ -667,7 +760,7 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         if delivery["stream"] and batcher.streams:
             return await _streamed(head, messages, tools, opts, delivery)
         try:
-            answers = await run_in_threadpool(batcher.run, messages, tools, opts, delivery["n"], delivery["stop"])
+            answers = await run_in_threadpool(batcher.run, ("chat", messages, tools), opts, delivery["n"], delivery["stop"])
         except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
             return _failed(exc)
         token_bytes = batcher.token_bytes() if answers[0][3] is not None else None
@@ -689,7 +782,7 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         :class:`_StreamedChoice`), its tool calls and finish reason when it is done. A request that fails before
         its first token is a 500; one that fails later ends its stream with an error event."""
         relay = _Relay(asyncio.get_running_loop())
-        fut = batcher.submit(messages, tools, opts, delivery["n"], relay, delivery["stop"])
+        fut = batcher.submit(("chat", messages, tools), opts, delivery["n"], relay, delivery["stop"])
         fut.add_done_callback(lambda f: relay.put("done", f))
         taken = await relay.taken()
         first = taken[0]
@@ -779,6 +872,87 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
             out_msg["parse_error"] = said["parse_error"]  # non-standard; clients ignore unknown fields
         return {"message": out_msg} | out
 
+    async def completions(request: Request) -> JSONResponse:
+        """Text completions (``/v1/completions``): token in, token out, for RL frameworks that render their own
+        prompts and train on the ids they sampled (vLLM's way): each prompt's ids continued as given."""
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"request body is not valid JSON: {exc}")
+        try:
+            if not callable(getattr(agent, "complete", None)):
+                raise BadRequest(f"{name} cannot continue raw prompts: /v1/completions needs a checkpoint served with "
+                                 "`cowork serve` (use /v1/chat/completions)")
+            prompts, opts, delivery = _validate_completion(
+                body, lambda text: list(agent.tokenizer(text)["input_ids"]))  # type: ignore[attr-defined]
+            for i, ids in enumerate(prompts):
+                if (why := agent.prompt_problem(ids, opts.get("max_new_tokens"))) is not None:  # type: ignore[attr-defined]
+                    raise BadRequest(f"prompt {i}: {why}", "prompt")
+        except BadRequest as exc:
+            return _error(400, exc.message, param=exc.param)
+        futures = [batcher.submit(("text", ids), opts, delivery["n"], stop=delivery["stop"]) for ids in prompts]
+        try:
+            answers = [await asyncio.wrap_future(f) for f in futures]
+        except Exception as exc:  # noqa: BLE001 - report as an OpenAI-style server error, keep serving
+            return _failed(exc)
+        token_bytes = batcher.token_bytes()
+        choices = [_completion_choice(p * delivery["n"] + j, answer[3], delivery, token_bytes)
+                   for p, request_answers in enumerate(answers) for j, answer in enumerate(request_answers)]
+        completion = sum(a[2]["completion_tokens"] for request_answers in answers for a in request_answers)
+        usage = {"prompt_tokens": sum(len(ids) for ids in prompts), "completion_tokens": completion}
+        return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                             "model": body.get("model") or name, "choices": choices,
+                             "usage": usage | {"total_tokens": usage["prompt_tokens"] + completion}})
+
+    async def tokenize(request: Request) -> JSONResponse:
+        """vLLM's ``/tokenize``: a text's ids, or a conversation's as the chat endpoint renders it (with its tools
+        and, unless ``add_generation_prompt`` is false, the assistant's turn opened; whole, where the chat endpoint
+        would drop old turns that do not fit the context), so that a client can continue it token by token with
+        ``/v1/completions``."""
+        from cowork_pipeline.agents.chat_format import render_prompt
+
+        try:
+            body = await _body(request)
+            tokenizer = getattr(agent, "tokenizer", None)
+            if tokenizer is None:
+                raise BadRequest(f"{name} has no tokenizer to use")
+            flags = {k: body.get(k, default) for k, default in (("add_generation_prompt", True), ("add_special_tokens", None))}
+            for key, value in flags.items():
+                if value is not None and not isinstance(value, bool):
+                    raise BadRequest(f"'{key}' must be a boolean", key)
+            if "messages" in body:
+                messages, tools = _conversation(body)
+                text = render_prompt(tokenizer, messages, tools, add_generation_prompt=flags["add_generation_prompt"])
+                special = bool(flags["add_special_tokens"])  # (the template writes its own; as the chat endpoint)
+            elif isinstance(body.get("prompt"), str):
+                text, special = body["prompt"], flags["add_special_tokens"] is not False
+            else:
+                raise BadRequest("give 'prompt' (a string) or 'messages' (with 'tools' if any)", "prompt")
+        except BadRequest as exc:
+            return _error(400, exc.message, param=exc.param)
+        ids = list(tokenizer(text, add_special_tokens=special)["input_ids"])
+        return JSONResponse({"count": len(ids), "max_model_len": getattr(agent, "max_context_tokens", None),
+                             "tokens": ids, "token_strs": None})
+
+    async def detokenize(request: Request) -> JSONResponse:
+        """vLLM's ``/detokenize``: the text of token ids (special tokens kept, as the completions' text)."""
+        try:
+            body = await _body(request)
+            tokenizer = getattr(agent, "tokenizer", None)
+            if tokenizer is None:
+                raise BadRequest(f"{name} has no tokenizer to use")
+            ids = body.get("tokens")
+            size = len(tokenizer)
+            if not isinstance(ids, list) or not all(_is_id(t) and 0 <= t < size for t in ids):
+                raise BadRequest(f"'tokens' must be an array of token ids (0 to {size - 1})", "tokens")
+        except BadRequest as exc:
+            return _error(400, exc.message, param=exc.param)
+        text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return JSONResponse({"prompt": text})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)  # (vLLM's readiness probe: served once the model is loaded)
+
     async def models(request: Request) -> JSONResponse:
         return JSONResponse(
             {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "cowork-pipeline"}]}
@@ -793,6 +967,10 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error},
