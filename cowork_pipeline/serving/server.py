@@ -885,8 +885,9 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
                                  "`cowork serve` (use /v1/chat/completions)")
             prompts, opts, delivery = _validate_completion(
                 body, lambda text: list(agent.tokenizer(text)["input_ids"]))  # type: ignore[attr-defined]
+            problem = getattr(agent, "prompt_problem", lambda _ids, _max_new: None)
             for i, ids in enumerate(prompts):
-                if (why := agent.prompt_problem(ids, opts.get("max_new_tokens"))) is not None:  # type: ignore[attr-defined]
+                if (why := problem(ids, opts.get("max_new_tokens"))) is not None:
                     raise BadRequest(f"prompt {i}: {why}", "prompt")
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
