@@ -318,7 +318,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
 
     def announce(url: str) -> None:
-        print(f"serving {name or path} at {url} (POST /chat/completions, GET /models; Ctrl-C stops)", flush=True)
+        print(f"serving {name or path} at {url} (POST /chat/completions and /completions, GET /models; "
+              "POST /tokenize and GET /health at the server's root; Ctrl-C stops)", flush=True)
 
     try:
         serve(path, host=args.host, port=args.port, model_name=name, announce=announce)
