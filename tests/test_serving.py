@@ -8,6 +8,8 @@ import urllib.request
 from typing import Iterator, Sequence
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from cowork_pipeline.agents.base import assistant_message, tool_call
 from cowork_pipeline.serving.server import make_app
@@ -597,6 +599,47 @@ def test_a_stream_holds_back_what_the_answer_may_not_say(student_checkpoint):
     assert "".join(streamed("  Sent <tool", [])) == "Sent"  # (a text that may yet open a call)
     assert "".join(streamed("Total: 5 € (paid). Thanks", ["(pa"])) == "Total: 5 €"
     assert "".join(streamed("Sent. <|endoftext|> more", [])) == "Sent."
+
+
+PIECES = ["Sent", ".", " ", "  ", "\n", "Grüße", "€", "—", "<", "tool", "<tool_call>", "</tool_call>", "ok", "ent", "|",
+          '{"name": "mail_send", "arguments": {"to": ["a@b.c"], "subject": "ok", "body": "Sent."}}', "<|im_end|>"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(PIECES), max_size=12),
+       stop=st.lists(st.sampled_from(["ent", "nt.", " ", "\n", "€ ", "<to", "k.", "e —"]), max_size=2),
+       sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4))
+@example(pieces=["Sent", "."], stop=["nt."], sizes=[1])  # (a stop sequence across two tokens)
+@example(pieces=["Sent", " ", "\n", "<tool_call>", PIECES[-2], "</tool_call>"], stop=[], sizes=[1])
+def test_what_a_stream_says_the_answer_says(student_tokenizer, pieces, stop, sizes):
+    """Whatever the model writes (text, tool calls, split characters, markers, whitespace), with whatever stop
+    sequences and however its tokens arrive together, the streamed deltas are a beginning of the content the
+    finished answer gives (parsed, cut at a stop sequence): a stream never says what the answer does not."""
+    from cowork_pipeline.agents.chat_format import parse_assistant_output
+    from cowork_pipeline.serving.server import _StreamedChoice, _stopped, _token_bytes
+
+    tokenizer, stops = student_tokenizer
+    ids = tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
+    ids = ids[: next((k for k, t in enumerate(ids) if t in stops), len(ids))]  # (generation ends at a stop token)
+    text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    said, _ = _stopped(parse_assistant_output(text), "stop", stop)
+    content = (said.get("content") or "").lstrip()
+    writer, streamed, at, k = _StreamedChoice(tokenizer, stops, stop, _token_bytes(tokenizer)), "", 0, 0
+    drawn = ids + [sorted(stops)[0]]
+    while at < len(drawn):
+        step = sizes[k % len(sizes)]
+        if (out := writer.take([(t, -0.1, None) for t in drawn[at: at + step]])) is not None:
+            streamed += out[0]
+        at, k = at + step, k + 1
+    assert content.startswith(streamed), (text, stop, streamed, content)
+
+
+@pytest.fixture(scope="module")
+def student_tokenizer(student_checkpoint):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(student_checkpoint)
+    return tokenizer, {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
 
 
 def test_a_stream_that_fails_says_so(student_checkpoint):
