@@ -91,6 +91,16 @@ def _temperature(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
+    return value
+
+
 def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models to benchmark behind OpenAI-compatible endpoints (repeat for several)")
     g.add_argument("--endpoint", action="append", default=[], metavar="BASE_URL",
@@ -322,7 +332,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "POST /tokenize and GET /health at the server's root; Ctrl-C stops)", flush=True)
 
     try:
-        serve(path, host=args.host, port=args.port, model_name=name, announce=announce)
+        serve(path, host=args.host, port=args.port, model_name=name, announce=announce, max_batch=args.max_batch)
     except CheckpointError as e:
         print(f"cowork serve: {e}", file=sys.stderr)
         return 1
@@ -390,6 +400,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--lake", help="the lake whose registry names the checkpoint (default: $COWORK_LAKE or <home>/lake)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000, help="0 takes a free port (the URL is printed)")
+    s.add_argument("--max-batch", type=_positive_int, default=32, metavar="N",
+                   help="requests generated together as one batch (default 32; more on a GPU)")
     s.set_defaults(fn=cmd_serve)
     from assets.lineage_cli import register as register_lineage
 

@@ -921,6 +921,38 @@ def test_n_choices_are_the_samples_generate_draws_together(student_checkpoint):
         assert [texts[i] or None for i in range(4)] == [said(c)[0] for c in group.choices]
 
 
+def test_cowork_serve_answers_as_soon_as_it_says_where(student_checkpoint, tmp_path):
+    """`cowork serve` prints its URL once it listens (a client that connects at once is not refused), takes
+    `--max-batch` for how many requests make one batch, and refuses a batch size that is not a positive integer."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    cowork = str(Path(sys.executable).parent / "cowork")
+    env = {**os.environ, "COWORK_HOME": str(tmp_path)}
+    proc = subprocess.Popen([cowork, "serve", str(student_checkpoint), "--port", "0", "--max-batch", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        base = re.search(r"(http://127\.0\.0\.1:\d+)/v1", line).group(1)
+        with urllib.request.urlopen(base + "/health", timeout=30) as resp:  # (at once: no retry)
+            assert resp.status == 200
+        done = _demos(1)[0]["messages"][:4]
+        with ThreadPoolExecutor(4) as pool:
+            said = list(pool.map(lambda _: client(base).chat.completions.create(
+                model="any", messages=done, tools=[MAIL_SEND]).choices[0].message.content, range(4)))
+        assert said == ["Sent."] * 4
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    refused = subprocess.run([cowork, "serve", str(student_checkpoint), "--max-batch", "0"], capture_output=True,
+                             text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "--max-batch: a positive integer, not '0'" in refused.stderr
+
+
 def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(student_checkpoint):
     """`cowork serve` + `cowork eval`'s agent: the same student, greedy, behind our server and driven by OpenAIAgent
     answers each step of a conversation (a call, then after its result a reply) as it does in process."""

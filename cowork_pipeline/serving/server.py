@@ -979,21 +979,23 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
 
 
 def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          announce: Callable[[str], None] | None = None, **agent_kwargs: Any) -> None:
+          announce: Callable[[str], None] | None = None, max_batch: int = 32, **agent_kwargs: Any) -> None:
     """Load ``checkpoint`` into an ``HFAgent`` and serve it as ``model_name`` (blocking). ``port`` 0 takes a free
-    one; ``announce`` gets the base URL once the port is bound and the model loaded."""
+    one; ``announce`` gets the base URL once the port is bound and the model loaded. Up to ``max_batch`` requests
+    are generated together, as one batch (the agent's own batch size is raised to match: with a smaller one, the
+    rows past it would wait for the first ones to finish)."""
     import socket
 
     import uvicorn
 
     from cowork_pipeline.agents.hf_agent import HFAgent
 
-    agent = HFAgent(checkpoint, **agent_kwargs)
+    agent = HFAgent(checkpoint, **{"batch_size": max_batch, **agent_kwargs})
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))  # (an address in use fails here, before anything is announced)
     sock.listen(2048)  # (clients that connect once it is announced wait in the backlog, not refused, until it runs)
-    server = uvicorn.Server(uvicorn.Config(make_app(agent, model_name), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(make_app(agent, model_name, max_batch=max_batch), log_level="warning"))
     if announce is not None:
         shown = f"[{host}]" if ":" in host else host
         announce(f"http://{shown}:{sock.getsockname()[1]}/v1")
