@@ -81,11 +81,9 @@ def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | Non
     return float(value)
 
 
-def _validate(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def _validate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Return (messages, tools, generation options, how the answer is delivered: stream, usage chunk, stop
     sequences) or raise BadRequest."""
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
     messages, tools = _conversation(body)
     tools, opts = _tool_choice(body.get("tool_choice"), tools)
     parallel = body.get("parallel_tool_calls")
@@ -161,12 +159,10 @@ def _sampling(body: dict[str, Any], opts: dict[str, Any], max_tokens: int | None
             "n": n, **flags}
 
 
-def _validate_completion(body: Any, tokenize: Callable[[str], list[int]]) -> tuple[list[list[int]], dict[str, Any], dict[str, Any]]:
+def _validate_completion(body: dict[str, Any], tokenize: Callable[[str], list[int]]) -> tuple[list[list[int]], dict[str, Any], dict[str, Any]]:
     """A text completion request (``/v1/completions``): its prompts as token ids (a string, a list of token ids,
     or a list of either; strings tokenized by ``tokenize``), generation options and delivery (``logprobs``: how
     many likeliest tokens to give at each step, 0 to 20, or None for no logprobs); or BadRequest."""
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt)):
         prompt = [prompt]
@@ -738,10 +734,7 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
 
     async def chat_completions(request: Request) -> JSONResponse:
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"request body is not valid JSON: {exc}")
-        try:
+            body = await _body(request)
             messages, tools, opts, delivery = _validate(body)
             if getattr(agent, "constraint", None) is None:
                 # (only a grammar can make the model call, or answer in JSON; anything else breaks the client's contract)
@@ -876,10 +869,7 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         """Text completions (``/v1/completions``): token in, token out, for RL frameworks that render their own
         prompts and train on the ids they sampled (vLLM's way): each prompt's ids continued as given."""
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"request body is not valid JSON: {exc}")
-        try:
+            body = await _body(request)
             if not callable(getattr(agent, "complete", None)):
                 raise BadRequest(f"{name} cannot continue raw prompts: /v1/completions needs a checkpoint served with "
                                  "`cowork serve` (use /v1/chat/completions)")
