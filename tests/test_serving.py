@@ -255,7 +255,8 @@ def test_real_student_served(student_checkpoint):
     agent = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64)
     with running(make_app(agent)) as base:
         api = client(base)
-        assert [m.id for m in api.models.list().data] == [agent.name]
+        (model,) = api.models.list().data
+        assert model.id == agent.name and model.model_extra["max_model_len"] == agent.max_context_tokens
         resp = api.chat.completions.create(
             model=agent.name,
             messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Please send the team an update."}],

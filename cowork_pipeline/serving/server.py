@@ -945,9 +945,10 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         return Response(status_code=200)  # (vLLM's readiness probe: served once the model is loaded)
 
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse(
-            {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "cowork-pipeline"}]}
-        )
+        model = {"id": name, "object": "model", "created": created, "owned_by": "cowork-pipeline"}
+        if (context := getattr(agent, "max_context_tokens", None)) is not None:
+            model["max_model_len"] = context  # (vLLM's: how long a prompt and its answer may be together)
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
