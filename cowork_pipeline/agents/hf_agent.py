@@ -332,8 +332,7 @@ class HFAgent:
         results: list[Generation | None] = [None] * len(prompts)
         for i, ids, (comp, lps, slps, finished, tops, ended) in self._decoded(
                 rows, temperature, top_p, max_new, seed, seeds, listener, top_logprobs):
-            body = comp[:-1] if finished and not ended else comp
-            text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            text = self._text(comp, finished, ended)
             results[i] = Generation({}, text, ids, comp, "stop" if finished else "length", lps, slps, tops)
         return [r for r in results if r is not None]
 
@@ -381,10 +380,14 @@ class HFAgent:
             for (i, ids), out in zip(chunk, outs):
                 yield i, ids, out
 
+    def _text(self, comp: list[int], stopped: bool, ended: bool) -> str:
+        """A completion's text: its tokens but the stop token that ended it (a turn the listener ended has none)."""
+        body = comp[:-1] if stopped and not ended else comp
+        return self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
     def _finish(self, prompt_ids: list[int], comp: list[int], lps: list[float], slps: list[float], stopped: bool,
                 id_offset: int, ended: bool = False) -> Generation:
-        body = comp[:-1] if stopped and not ended else comp  # (a turn the listener ended has no stop token)
-        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = self._text(comp, stopped, ended)
         message = parse_assistant_output(text, truncated=not stopped, id_offset=id_offset)
         return Generation(message, text, prompt_ids, comp, "stop" if stopped else "length", lps, slps)
 
