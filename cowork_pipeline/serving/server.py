@@ -348,13 +348,18 @@ def _token_logprobs(token_bytes: Callable[[int], bytes], generation: Any, kept: 
                         for tid, lp, top in zip(generation.completion_ids[:kept], generation.logprobs, tops)]}
 
 
+def _token_name(token_bytes: Callable[[int], bytes], tid: int, as_ids: bool) -> str:
+    """How a logprobs entry names a token: its text (U+FFFD for part of a character), or ``token_id:<id>`` (vLLM's
+    ``return_tokens_as_token_ids``)."""
+    return f"token_id:{tid}" if as_ids else token_bytes(tid).decode(errors="replace")
+
+
 def _logprob_entry(token_bytes: Callable[[int], bytes], tid: int, lp: float, top: list[tuple[int, float]] | None,
                    as_ids: bool) -> dict[str, Any]:
     """One token's entry in ``logprobs.content``: its text (or ``token_id:<id>``), log-probability and exact bytes,
     with the k likeliest tokens where they were recorded."""
     def entry(t: int, v: float) -> dict[str, Any]:
-        raw = token_bytes(t)
-        return {"token": f"token_id:{t}" if as_ids else raw.decode(errors="replace"), "logprob": v, "bytes": list(raw)}
+        return {"token": _token_name(token_bytes, t, as_ids), "logprob": v, "bytes": list(token_bytes(t))}
 
     return entry(tid, lp) | {"top_logprobs": [entry(t, v) for t, v in top or []]}
 
@@ -482,7 +487,7 @@ def _completion_choice(index: int, generation: Any, delivery: dict[str, Any],
     out: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
     if delivery["logprobs"] is not None:
         def named(tid: int) -> str:
-            return f"token_id:{tid}" if delivery["return_tokens_as_token_ids"] else token_bytes(tid).decode(errors="replace")
+            return _token_name(token_bytes, tid, delivery["return_tokens_as_token_ids"])
 
         tokens = [named(t) for t in generation.completion_ids[:kept]]
         offsets = [0, *itertools.accumulate(len(t) for t in tokens)][: len(tokens)]
