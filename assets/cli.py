@@ -332,7 +332,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "POST /tokenize and GET /health at the server's root; Ctrl-C stops)", flush=True)
 
     try:
-        serve(path, host=args.host, port=args.port, model_name=name, announce=announce, max_batch=args.max_batch)
+        serve(path, host=args.host, port=args.port, model_name=name, announce=announce, max_batch=args.max_batch,
+              continuous=args.batching == "continuous")
     except CheckpointError as e:
         print(f"cowork serve: {e}", file=sys.stderr)
         return 1
@@ -402,6 +403,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="0 takes a free port (the URL is printed)")
     s.add_argument("--max-batch", type=_positive_int, default=32, metavar="N",
                    help="requests generated together as one batch (default 32; more on a GPU)")
+    s.add_argument("--batching", choices=("continuous", "static"), default="continuous",
+                   help="continuous (default): requests join the running batch between decode steps and leave it when "
+                        "done; static: a batch runs to its end before the next starts (what benchmarks compare with)")
     s.set_defaults(fn=cmd_serve)
     from assets.lineage_cli import register as register_lineage
 

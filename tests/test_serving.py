@@ -515,10 +515,12 @@ def test_requests_that_keep_arriving_join_one_batch():
     assert agent.batches == [12] and answers == {i: f"item {i}" for i in range(12)}
 
 
-def test_the_served_student_streams_its_text_as_it_is_generated(student_checkpoint):
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "static"])
+def test_the_served_student_streams_its_text_as_it_is_generated(student_checkpoint, continuous):
     """`stream: true` sends the student's text as its tokens are drawn (chat UIs and agent SDKs show it as it
     comes): the model is held after its first token until the client has read text, which it could not if the
-    answer were sent once generated. The deltas, their logprobs and token ids add up to the answer given whole."""
+    answer were sent once generated. The deltas, their logprobs and token ids add up to the answer given whole.
+    Batching continuously (rows decoded step by step) or a batch at a time (``generate`` with a listener)."""
     import threading
 
     from cowork_pipeline.agents.hf_agent import HFAgent
@@ -526,35 +528,31 @@ def test_the_served_student_streams_its_text_as_it_is_generated(student_checkpoi
     gate, generating = threading.Event(), threading.Event()
 
     class HeldAfterEachToken(HFAgent):
-        def generate(self, conversations, listener=None, **kw):
-            generating.set()
-            try:
-                return self._generate(conversations, listener, **kw)
-            finally:
-                generating.clear()
+        def decoding(self, *args, **kw):
+            decoding = super().decoding(*args, **kw)
+            step = decoding.step
 
-        def _generate(self, conversations, listener, **kw):
-            if listener is None:
-                return super().generate(conversations, **kw)
+            def held():
+                generating.set()
+                finished = step()
+                if not decoding.live:
+                    generating.clear()
+                elif not gate.wait(20):
+                    raise TimeoutError("the client read nothing while the model was held mid-turn")
+                return finished
 
-            class Held:
-                def prompt(self, i, ids):
-                    listener.prompt(i, ids)
-
-                def token(self, i, *drawn):
-                    listener.token(i, *drawn)
-                    if not gate.wait(20):
-                        raise TimeoutError("the client read nothing while the model was held mid-turn")
-
-            return super().generate(conversations, listener=Held(), **kw)
+            decoding.step = held
+            return decoding
 
     done = _demos(1)[0]["messages"][:4]
     asked = dict(model="student", messages=done, tools=[MAIL_SEND], logprobs=True, top_logprobs=2,
                  extra_body={"return_token_ids": True})
     with running(make_app(HeldAfterEachToken(student_checkpoint, device="cpu", max_new_tokens=64),
-                          model_name="student")) as base:
+                          model_name="student", continuous=continuous)) as base:
         api = client(base)
-        whole = api.chat.completions.create(**asked).choices[0]  # (not streamed: never held)
+        gate.set()
+        whole = api.chat.completions.create(**asked).choices[0]  # (not held)
+        gate.clear()
         texts, tokens, ids, held = [], [], [], []
         for chunk in api.chat.completions.create(**asked, stream=True):
             for c in chunk.choices:
@@ -643,7 +641,8 @@ def student_tokenizer(student_checkpoint):
     return tokenizer, {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
 
 
-def test_a_stream_that_fails_says_so(student_checkpoint):
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "static"])
+def test_a_stream_that_fails_says_so(student_checkpoint, continuous):
     """Generation that fails before the first token is a 500, as unstreamed; one that fails mid-answer ends the
     stream with an error event, which the OpenAI client raises, rather than a stream that looks complete."""
     import openai
@@ -653,26 +652,27 @@ def test_a_stream_that_fails_says_so(student_checkpoint):
     class Failing(HFAgent):
         after = 0
 
-        def generate(self, conversations, listener=None, **kw):
-            if self.after == 0:
-                raise RuntimeError("out of memory")
+        def decoding(self, *args, on_token=None, **kw):
             left = [self.after]
 
-            class Breaking:
-                def prompt(self, i, ids):
-                    listener.prompt(i, ids)
+            def breaking(key, *drawn):
+                said = on_token(key, *drawn) if on_token else None
+                left[0] -= 1
+                if left[0] == 0:
+                    raise RuntimeError("device lost")
+                return said
 
-                def token(self, i, *drawn):
-                    listener.token(i, *drawn)
-                    left[0] -= 1
-                    if left[0] == 0:
-                        raise RuntimeError("device lost")
+            decoding = super().decoding(*args, on_token=breaking, **kw)
+            if self.after == 0:
+                def admit(entries):
+                    raise RuntimeError("out of memory")
 
-            return super().generate(conversations, listener=Breaking(), **kw)
+                decoding.admit = admit
+            return decoding
 
     agent = Failing(student_checkpoint, device="cpu", max_new_tokens=64)
     done = _demos(1)[0]["messages"][:4]
-    with running(make_app(agent, model_name="student")) as base:
+    with running(make_app(agent, model_name="student", continuous=continuous)) as base:
         api = client(base)
         with pytest.raises(openai.InternalServerError, match="out of memory"):
             list(api.chat.completions.create(model="student", messages=done, stream=True))
@@ -714,7 +714,8 @@ def test_generation_stops_where_a_stop_sequence_cuts_the_answer(student_checkpoi
         assert held.choices[0].finish_reason == "tool_calls" and held.usage == call.usage
 
 
-def test_a_client_that_leaves_a_stream_ends_its_generation(tmp_path):
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "static"])
+def test_a_client_that_leaves_a_stream_ends_its_generation(tmp_path, continuous):
     """A client that closes a stream mid-answer (an agent framework's timeout, a user's stop button) frees its row:
     generation for it ends at its next token instead of running to the token limit."""
     import http.client
@@ -728,21 +729,21 @@ def test_a_client_that_leaves_a_stream_ends_its_generation(tmp_path):
     finished: list = []
 
     class Slow(HFAgent):
-        def generate(self, conversations, listener=None, **kw):
-            class Slowed:
-                def prompt(self, i, ids):
-                    listener.prompt(i, ids)
+        def decoding(self, *args, on_token=None, **kw):
+            def slowed(key, *drawn):
+                time.sleep(0.01)
+                return on_token(key, *drawn) if on_token else None
 
-                def token(self, i, *drawn):
-                    time.sleep(0.01)
-                    return listener.token(i, *drawn)
+            return super().decoding(*args, on_token=slowed, **kw)
 
-            finished.extend(super().generate(conversations, listener=Slowed() if listener else None, **kw))
-            return finished[-len(conversations):]
+        def generation(self, prompt, ids, out):  # (each row's answer, as it is done)
+            finished.append(super().generation(prompt, ids, out))
+            return finished[-1]
 
     asked = {"model": "student", "messages": [{"role": "user", "content": "Say anything."}], "max_tokens": 400,
              "temperature": 1.0, "seed": 11}  # (a sample of 353 tokens)
-    with running(make_app(Slow(untrained, device="cpu", max_new_tokens=400), model_name="student")) as base:
+    with running(make_app(Slow(untrained, device="cpu", max_new_tokens=400), model_name="student",
+                          continuous=continuous)) as base:
         whole = client(base).chat.completions.create(**asked)  # (the same sample, read to its end)
         assert whole.usage.completion_tokens >= 100 and finished.pop().completion_ids
         conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=30)
@@ -758,6 +759,52 @@ def test_a_client_that_leaves_a_stream_ends_its_generation(tmp_path):
             time.sleep(0.05)
     (generation,) = finished
     assert generation.finish_reason == "stop" and len(generation.completion_ids) < whole.usage.completion_tokens / 4
+
+
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "static"])
+def test_a_request_joins_the_running_batch_and_leaves_it_when_done(tmp_path, continuous):
+    """Continuous batching: a request that comes while another is generating joins the running batch at its next
+    step, and its short answer is sent once done while the long one goes on (a batch at a time, it waits for the
+    long one to end). Each answer is the one it gets alone."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.student import StudentConfig, build_student
+
+    untrained = build_student([SYSTEM * 4], tmp_path / "student", StudentConfig(  # (says anything, never stops)
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+        max_position_embeddings=1024))
+    generating = threading.Event()
+
+    class Slow(HFAgent):
+        def decoding(self, *args, on_token=None, **kw):
+            def slowed(key, *drawn):
+                generating.set()
+                time.sleep(0.005)
+                return on_token(key, *drawn) if on_token else None
+
+            return super().decoding(*args, on_token=slowed, **kw)
+
+    long = {"model": "student", "messages": [{"role": "user", "content": "Say anything."}], "max_tokens": 400,
+            "temperature": 1.0, "seed": 11}  # (a sample of 353 tokens)
+    short = {"model": "student", "messages": [{"role": "user", "content": "Say a few words."}], "max_tokens": 8,
+             "temperature": 1.0, "seed": 5, "extra_body": {"return_token_ids": True}}  # (sampled alike: one batch)
+    with running(make_app(Slow(untrained, device="cpu", max_new_tokens=400), model_name="student",
+                          continuous=continuous)) as base:
+        api = client(base)
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(api.chat.completions.create, **long)
+            assert generating.wait(20)
+            joined = api.chat.completions.create(**short)
+            answered_while_the_long_one_ran = not pending.done()
+            whole = pending.result()
+        alone = api.chat.completions.create(**short)
+        again = api.chat.completions.create(**long)
+    assert answered_while_the_long_one_ran == continuous
+    assert joined.usage.completion_tokens == 8 and whole.usage.completion_tokens > 300
+    assert joined.choices[0].model_extra["token_ids"] == alone.choices[0].model_extra["token_ids"]
+    assert whole.choices[0].message.content == again.choices[0].message.content
 
 
 def test_text_completions_continue_token_ids_as_given(student_checkpoint):
@@ -971,8 +1018,10 @@ def test_the_student_served_and_driven_over_http_acts_as_it_does_in_process(stud
     assert want.get("content") and not want.get("tool_calls")  # the second step is the student's reply
 
 
-def test_concurrent_requests_are_generated_as_one_batch_with_the_answers_they_get_alone(student_checkpoint):
-    """Requests arriving together share one batched generate call, each answered as it is alone: greedy ones, and
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "static"])
+def test_concurrent_requests_are_generated_as_one_batch_with_the_answers_they_get_alone(student_checkpoint,
+                                                                                       continuous):
+    """Requests arriving together are decoded in one batch, each answered as it is alone: greedy ones, and
     sampled ones, whose seed reproduces them whatever they were batched with (each samples from its own random
     stream). Sampled requests without a seed get fresh samples: a trainer that sends a group of requests for a group
     of rollouts does not get one rollout eight times."""
@@ -982,18 +1031,25 @@ def test_concurrent_requests_are_generated_as_one_batch_with_the_answers_they_ge
     from cowork_pipeline.agents.openai_agent import OpenAIAgent
 
     class Counting(HFAgent):
-        batches: list[int] = []
+        batches: list[int] = []  # rows decoded together (a running batch's after each admission)
 
-        def generate(self, conversations, **kw):
-            self.batches.append(len(conversations))
-            return super().generate(conversations, **kw)
+        def decoding(self, *args, **kw):
+            decoding = super().decoding(*args, **kw)
+            admit = decoding.admit
+
+            def counted(entries):
+                admit(entries)
+                self.batches.append(decoding.size)
+
+            decoding.admit = counted
+            return decoding
 
     asks = [f"Please send the team an update {'now' if i % 2 else 'today'}, item {i}." for i in range(8)]
     convs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": a}] for a in asks]
     local = HFAgent(student_checkpoint, device="cpu", max_new_tokens=48)
     alone = [local.act(c, [MAIL_SEND]) for c in convs]
     served = Counting(student_checkpoint, device="cpu", max_new_tokens=48)
-    with running(make_app(served, model_name="student")) as base:
+    with running(make_app(served, model_name="student", continuous=continuous)) as base:
         greedy = OpenAIAgent(base + "/v1", "student", max_tokens=48, concurrency=8)
         together = greedy.act_batch([(c, [MAIL_SEND]) for c in convs])
         assert max(served.batches) > 1  # at least some of the eight were generated together

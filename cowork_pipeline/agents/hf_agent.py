@@ -1,7 +1,8 @@
 """Local Hugging Face model backend (the student, or any causal-LM checkpoint directory).
 
-Generation is a custom batched decode loop: prompts are left-padded into one batch, prefilled once, then decoded
-one token per step for the whole batch against a shared ``DynamicCache`` (KV-cached). The prompt prefix common to
+Generation is a custom batched decode loop (``agents/decoding.py``, which ``cowork serve`` also lets rows join while
+it runs): prompts are left-padded into one batch, prefilled once, then decoded one token per step for the whole
+batch against a shared ``DynamicCache`` (KV-cached). The prompt prefix common to
 the whole batch (in rollouts: the system block with the tools list, most of every prompt) is prefilled once and
 its KV copied to every row instead of being recomputed per row. Finished rows are dropped
 from the batch (and the cache) as soon as half of them are done, so a long straggler does not keep paying for the
@@ -37,7 +38,8 @@ from typing import Any, Protocol, Sequence
 
 from cowork_pipeline.agents.base import Message, ToolSchema
 from cowork_pipeline.agents.chat_format import END_OF_TEXT, IM_END, parse_assistant_output, render_prompt
-from cowork_pipeline.agents.prefix_cache import PrefixCache, buffered
+from cowork_pipeline.agents.decoding import Decoding
+from cowork_pipeline.agents.prefix_cache import PrefixCache
 
 Conversation = tuple[Sequence[Message], Sequence[ToolSchema]]
 
@@ -283,24 +285,39 @@ class HFAgent:
         results: list[Generation | None] = [None] * len(conversations)
         prompts: list[tuple[int, list[int]]] = []
         for i, (messages, tools) in enumerate(conversations):
-            ids = self.encode_prompt(messages, tools, max_new)
-            if ids is None:
-                why = (f"context_overflow: system block + last message exceed {self.max_context_tokens} tokens "
-                       f"minus max_new_tokens={max_new}")
-                msg = {"role": "assistant", "content": "", "parse_error": why}
-                results[i] = Generation(msg, "", [], [], "context_overflow")
+            ids = self.chat_prompt(messages, tools, max_new)
+            if isinstance(ids, Generation):
+                results[i] = ids
             else:
                 prompts.append((i, ids))
                 if listener is not None:
                     listener.prompt(i, ids)
-        for i, ids, (comp, lps, slps, finished, tops, ended) in self._decoded(
+        for i, ids, out in self._decoded(
                 prompts, temperature, top_p, max_new, seed, seeds, listener, top_logprobs,
                 [conversations[i][1] for i in range(len(conversations))], require_tool_call, json_schema,
                 single_tool_call):
-            messages = conversations[i][0]
-            results[i] = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(messages), ended)
-            results[i].top_logprobs = tops
+            results[i] = self.generation(("chat", *conversations[i]), ids, out)
         return [r for r in results if r is not None]
+
+    def chat_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSchema], max_new: int) -> list[int] | Generation:
+        """A conversation's prompt ids, or the failed turn (``context_overflow``) when it cannot fit."""
+        ids = self.encode_prompt(messages, tools, max_new)
+        if ids is None:
+            why = (f"context_overflow: system block + last message exceed {self.max_context_tokens} tokens "
+                   f"minus max_new_tokens={max_new}")
+            return Generation({"role": "assistant", "content": "", "parse_error": why}, "", [], [], "context_overflow")
+        return ids
+
+    def generation(self, prompt: tuple, ids: list[int], out: tuple) -> Generation:
+        """What a decoded row (``Decoding.result``) is: for ``("chat", messages, tools)`` the assistant's turn
+        parsed, for ``("text", ids)`` the completion's text."""
+        comp, lps, slps, finished, tops, ended = out
+        if prompt[0] == "text":
+            return Generation({}, self._text(comp, finished, ended), ids, comp, "stop" if finished else "length",
+                              lps, slps, tops)
+        gen = self._finish(ids, comp, lps, slps, finished, _count_tool_calls(prompt[1]), ended)
+        gen.top_logprobs = tops
+        return gen
 
     def complete(
         self,
@@ -330,10 +347,8 @@ class HFAgent:
             if listener is not None:
                 listener.prompt(i, ids)
         results: list[Generation | None] = [None] * len(prompts)
-        for i, ids, (comp, lps, slps, finished, tops, ended) in self._decoded(
-                rows, temperature, top_p, max_new, seed, seeds, listener, top_logprobs):
-            text = self._text(comp, finished, ended)
-            results[i] = Generation({}, text, ids, comp, "stop" if finished else "length", lps, slps, tops)
+        for i, ids, out in self._decoded(rows, temperature, top_p, max_new, seed, seeds, listener, top_logprobs):
+            results[i] = self.generation(("text", ids), ids, out)
         return [r for r in results if r is not None]
 
     def prompt_problem(self, ids: Sequence[int], max_new_tokens: int | None = None) -> str | None:
@@ -360,11 +375,6 @@ class HFAgent:
         temperature = self.temperature if temperature is None else float(temperature)
         top_p = self.top_p if top_p is None else float(top_p)
         seed = self.seed if seed is None else int(seed)
-        if self._prefix_cache is not None:
-            version = self._weights_version()
-            if version != self._cached_weights:
-                self._prefix_cache.clear()
-            self._cached_weights = version
         generator = torch.Generator(device=self.device).manual_seed(seed)
         # Sorting by length groups similar prompts, which minimises left padding inside each batch.
         prompts = sorted(prompts, key=lambda p: len(p[1]))
@@ -397,150 +407,36 @@ class HFAgent:
         json_schema: dict[str, Any] | None = None, top_logprobs: int = 0, single_tool_call: bool = False,
         on_token: Any = None,
     ) -> list[tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]], bool]]:
-        import torch
-        from transformers import DynamicCache
+        """One batch decoded to its end (see ``agents/decoding.py``); ``generator`` is one random stream for the
+        batch, or a list of one per row."""
+        decoding = self.decoding(temperature, top_p, max_new, top_logprobs,
+                                 generator=None if isinstance(generator, list) else generator, on_token=on_token)
+        decoding.admit([(r, ids, self.matcher(tools[r] if tools else None, require_tool_call, json_schema,
+                                              single_tool_call),
+                         generator[r] if isinstance(generator, list) else None) for r, ids in enumerate(prompts)])
+        outs: dict[int, tuple] = {}
+        while decoding.live:
+            outs.update((r, out) for r, _ids, out in decoding.step())
+        return [outs[r] for r in range(len(prompts))]
 
-        dev = self.device
-        n = len(prompts)
-        cache = DynamicCache(config=self.model.config)
-        kw = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
-        # Layout per row: [cache region: left padding, own cached tokens][left padding][own suffix][new tokens].
-        # The cache region holds either KV reused from this conversation's previous step (prefix_cache.py) or
-        # the prompt prefix common to the whole batch (in rollouts: the system block with the tools list, most of
-        # every prompt), prefilled once and copied to every row instead of being recomputed per row.
-        reused = [self._prefix_cache.take(p) for p in prompts] if self._reuse_enabled(cache) else [None] * n
-        if any(r is not None for r in reused):
-            cached = [r[0] if r is not None else 0 for r in reused]
-            region = max(cached)
-            with torch.inference_mode():
-                self._fill_cache(cache, reused, region)
-            shared = 0
-        else:
-            # Each row keeps at least one own token so that its last-position logits exist.
-            shared = _common_prefix_len(prompts) if n > 1 else 0
-            shared = min(shared, min(len(p) for p in prompts) - 1)
-            if shared < self.min_shared_prefix:
-                shared = 0
-            cached, region = [shared] * n, shared
-        suffixes = [p[c:] for p, c in zip(prompts, cached)]
-        sw = max(len(x) for x in suffixes)
-        width = region + sw
-        # The mask is allocated once for the prompt and all new tokens and sliced per step; future columns are 1
-        # but only [:, :cur] is read.
-        full_attn = torch.ones((n, width + max_new), dtype=torch.long)
-        suffix_ids = torch.full((n, sw), self.pad_id, dtype=torch.long)
-        for r, x in enumerate(suffixes):
-            full_attn[r, : region - cached[r]] = 0
-            full_attn[r, region : width - len(x)] = 0
-            suffix_ids[r, sw - len(x):] = torch.tensor(x, dtype=torch.long)
-        full_attn, suffix_ids = full_attn.to(dev), suffix_ids.to(dev)
-        attn = full_attn[:, :width]
-        # Positions count real tokens only, so a padded row sees the same RoPE phases as an unpadded one.
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        stop = torch.tensor(self.stop_ids, device=dev)
+    def decoding(self, temperature: float | None = None, top_p: float | None = None, max_new: int | None = None,
+                 top_logprobs: int = 0, generator: Any = None, on_token: Any = None) -> Decoding:
+        """A batch to admit prompts to and step (``agents/decoding.py``), with the agent's defaults."""
+        if self._prefix_cache is not None:
+            version = self._weights_version()
+            if version != self._cached_weights:
+                self._prefix_cache.clear()
+            self._cached_weights = version
+        return Decoding(self, self.temperature if temperature is None else float(temperature),
+                        self.top_p if top_p is None else float(top_p),
+                        self.max_new_tokens if max_new is None else int(max_new), top_logprobs, generator, on_token)
 
-        def kept_columns(r: int) -> Any:
-            """Cache columns holding row r's fed tokens: its prompt and all but the last completion token."""
-            fed = max(len(comps[r]) - 1, 0)
-            return torch.cat([torch.arange(region - cached[r], region), torch.arange(width - len(suffixes[r]), width),
-                              torch.arange(width, width + fed)]).to(dev)
-
-        def save(batch_rows: Sequence[int], originals: Sequence[int]) -> None:
-            if not self._reuse_enabled(cache):
-                return
-            for b, r in zip(batch_rows, originals):
-                cols = kept_columns(r)
-                layers = [(layer.keys[b].index_select(1, cols), layer.values[b].index_select(1, cols))
-                          for layer in cache.layers]
-                self._prefix_cache.put(list(prompts[r]) + comps[r][:-1], len(prompts[r]), layers)
-
-        comps: list[list[int]] = [[] for _ in range(n)]
-        lps: list[list[float]] = [[] for _ in range(n)]
-        slps: list[list[float]] = [[] for _ in range(n)]
-        tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
-        stopped = [False] * n
-        ended = [False] * n  # (stopped by the listener, not by a stop token)
-        rows = torch.arange(n, device=dev)  # original index of each live batch row
-        matchers = ([self.constraint.matcher(t, require_tool_call, json_schema, single_tool_call)
-                     for t in tools or [None] * n]
-                    if self.constraint is not None else None)
-        if matchers is not None and all(m is None for m in matchers):
-            matchers = None
-        bitmask = self.constraint.bitmask(n) if matchers is not None else None
-        with torch.inference_mode():
-            if shared:
-                prefix = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
-                self.model(input_ids=prefix, attention_mask=attn[:1, :shared], position_ids=pos[:1, :shared], **kw)
-                cache.batch_repeat_interleave(n)
-            out = self.model(input_ids=suffix_ids, attention_mask=attn, position_ids=pos[:, region:], **kw)
-            buffered(cache, max_new)  # decode steps then write in place instead of re-concatenating the cache
-            logits = out.logits[:, -1, :].float()
-            next_pos = pos[:, -1] + 1
-            for step in range(max_new):
-                if self._n_real_tokens < logits.shape[-1]:
-                    # Embedding rows past the tokenizer's vocab (size padding) are never chosen, nor counted in the
-                    # raw distribution (as the RL trainer recomputes it: ratios start at exactly 1).
-                    logits[:, self._n_real_tokens:] = float("-inf")
-                raw_logp = torch.log_softmax(logits, dim=-1)
-                if matchers is not None:
-                    self.constraint.apply(logits, [matchers[r] for r in rows.tolist()], bitmask)
-                    # A row the grammar leaves no token for (cannot happen for a well-formed grammar) ends its turn.
-                    dead = torch.isinf(logits).all(-1)
-                    if bool(dead.any()):
-                        logits[dead, self.stop_ids[0]] = 0.0
-                if temperature <= 0.0:
-                    tok = logits.argmax(dim=-1)
-                    samp_logp = torch.zeros_like(tok, dtype=torch.float)  # greedy: the chosen token has prob 1
-                else:
-                    samp = torch.log_softmax(logits / temperature, dim=-1)
-                    if top_p < 1.0:
-                        samp = _top_p_filter(samp, top_p)
-                    if isinstance(generator, list):  # a random stream per row (generate's seeds)
-                        probs = samp.exp()
-                        tok = torch.cat([torch.multinomial(probs[j], 1, generator=generator[r])
-                                         for j, r in enumerate(rows.tolist())])
-                    else:
-                        tok = torch.multinomial(samp.exp(), 1, generator=generator).squeeze(-1)
-                    samp_logp = samp.gather(-1, tok[:, None]).squeeze(-1)
-                tok_lp = raw_logp.gather(-1, tok[:, None]).squeeze(-1)
-                if top_logprobs:  # (of the raw distribution, as logprobs; size-padding rows are masked above)
-                    top_v, top_i = raw_logp.topk(top_logprobs, dim=-1)
-                    top_l = [list(zip(i_, v_)) for i_, v_ in zip(top_i.tolist(), top_v.tolist())]
-                done_l = torch.isin(tok, stop).tolist()
-                tok_l, lp_l, slp_l, rows_l = tok.tolist(), tok_lp.tolist(), samp_logp.tolist(), rows.tolist()
-                for j, r in enumerate(rows_l):
-                    if stopped[r]:
-                        continue  # finished earlier; only kept in the batch because compaction was not worth it
-                    comps[r].append(tok_l[j])
-                    lps[r].append(lp_l[j])
-                    slps[r].append(slp_l[j])
-                    if top_logprobs:
-                        tops[r].append(top_l[j])
-                    stopped[r] = bool(done_l[j])
-                    if matchers is not None and matchers[r] is not None and not matchers[r].is_terminated():
-                        matchers[r].accept_token(tok_l[j])
-                    if on_token is not None and on_token(r, tok_l[j], lp_l[j], top_l[j] if top_logprobs else None) \
-                            and not stopped[r]:
-                        stopped[r] = ended[r] = True
-                live_l = [not stopped[r] for r in rows_l]
-                n_live = sum(live_l)
-                if step == max_new - 1 or n_live == 0:
-                    break
-                live = torch.tensor(live_l, device=dev)
-                if n_live * 2 <= len(rows_l):
-                    # Compact: drop finished rows from the batch and from the KV cache (keeping their KV for reuse).
-                    save([j for j, ok in enumerate(live_l) if not ok], [r for r, ok in zip(rows_l, live_l) if not ok])
-                    keep = live.nonzero().squeeze(-1)
-                    cache.batch_select_indices(keep)
-                    rows, tok, full_attn, next_pos = rows[keep], tok[keep], full_attn[keep], next_pos[keep]
-                else:
-                    tok = torch.where(live, tok, torch.full_like(tok, self.pad_id))
-                attn = full_attn[:, : width + step + 1]
-                out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], **kw)
-                logits = out.logits[:, -1, :].float()
-                next_pos = next_pos + 1
-            save(list(range(len(rows))), rows.tolist())
-        return [(comps[r], lps[r], slps[r], stopped[r], tops[r], ended[r]) for r in range(n)]
+    def matcher(self, tools: Sequence[ToolSchema] | None, require_tool_call: bool = False,
+                json_schema: dict[str, Any] | None = None, single_tool_call: bool = False) -> Any:
+        """A turn's strict-grammar matcher (None: nothing to constrain, or no strict tool calls)."""
+        if self.constraint is None:
+            return None
+        return self.constraint.matcher(tools, require_tool_call, json_schema, single_tool_call)
 
     # --- KV reuse across steps (prefix_cache.py) -------------------------------------------------------------
     def _reuse_enabled(self, cache: Any) -> bool:

@@ -1,0 +1,304 @@
+"""``HFAgent``'s decode loop as an object, which rows may join while it runs (continuous batching).
+
+``admit`` prefills rows and puts them into the batch; ``step`` draws one token for every row in it and says which
+rows it finished. ``HFAgent.generate`` admits a batch once and steps it to its end. ``cowork serve`` also admits
+requests between steps, as they arrive. A request then waits one step for the batch ahead of it, not for its
+longest answer, and a short answer leaves as soon as it is done.
+
+Layout per batch row: [left padding][its prompt (reused or shared KV first)][its fed tokens], its columns
+right-aligned to the batch's current width. A joining group is prefilled alone, then both caches are padded on the
+left to one width and stacked. Padding columns are masked; positions count real tokens only, and the pointer
+memory skips padding, so a row decodes as it would alone. Columns no row attends any more (left by rows that
+finished) are trimmed when a group joins.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+# (a row's key, the token drawn, its raw log-prob, the top alternatives or None) -> True ends the row's turn
+OnToken = Callable[[Any, int, float, Any], Any]
+
+
+@dataclass(eq=False)
+class _Row:
+    key: Any
+    prompt: list[int]
+    matcher: Any  # its turn's grammar (None: unconstrained)
+    gen: Any  # its random stream (None: the batch's)
+    limit: int  # the most tokens it may draw
+    comps: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    slps: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    stopped: bool = False
+    ended: bool = False  # (stopped by the listener, not by a stop token)
+    done: bool = False
+    prompt_cols: Any = None  # cache columns holding its prompt
+    gen0: int = 0  # cache column of its first fed completion token
+
+    def result(self) -> tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]], bool]:
+        return self.comps, self.lps, self.slps, self.stopped, self.tops, self.ended
+
+
+class Decoding:
+    def __init__(self, agent: Any, temperature: float, top_p: float, max_new: int, top_logprobs: int = 0,
+                 generator: Any = None, on_token: OnToken | None = None) -> None:
+        import torch
+
+        self.agent, self.dev = agent, agent.device
+        self.temperature, self.top_p, self.max_new, self.top_logprobs = temperature, top_p, max_new, top_logprobs
+        self.generator = generator  # one random stream the batch shares (rows admitted with their own use theirs)
+        self.on_token = on_token
+        self.stop = torch.tensor(agent.stop_ids, device=self.dev)
+        self.batch: list[_Row] = []  # the row at each batch position
+        self.cache: Any = None
+        self.full_attn: Any = None  # (positions, capacity): [:, :cur] is read, later columns are 1
+        self.cur = 0
+        self.next_pos: Any = None
+        self.logits: Any = None
+        self.bitmask: Any = None
+
+    @property
+    def size(self) -> int:
+        """Rows in the batch (finished ones not yet dropped included)."""
+        return len(self.batch)
+
+    @property
+    def live(self) -> int:
+        return sum(not row.done for row in self.batch)
+
+    def can_join(self) -> bool:
+        """Whether rows may join a running batch (a sliding-window cache layer keeps only a window of columns)."""
+        from transformers.cache_utils import DynamicLayer
+
+        return self.cache is None or all(isinstance(layer, DynamicLayer) and not layer.is_sliding
+                                         for layer in self.cache.layers)
+
+    # --- admission -----------------------------------------------------------------------------------------
+    def admit(self, entries: Sequence[tuple[Any, ...]]) -> None:
+        """Prefill ``(key, prompt ids, grammar matcher or None, random stream or None[, max new tokens])`` rows
+        and put them into the batch (first: the batch is theirs; later: they join it)."""
+        import torch
+
+        if any(row.done for row in self.batch):
+            # Rows that finished leave first: their KV goes to the prefix cache, where a joining row that
+            # continues their conversation (the client's next step) finds it.
+            with torch.inference_mode():
+                self._drop([j for j, row in enumerate(self.batch) if row.done])
+        new = [_Row(key, list(ids), matcher, gen, int(limit[0]) if limit and limit[0] is not None else self.max_new)
+               for key, ids, matcher, gen, *limit in entries]
+        cache, full_attn, width, next_pos, logits, cols = self._prefill([row.prompt for row in new],
+                                                                        max(row.limit for row in new))
+        for row, c in zip(new, cols):
+            row.prompt_cols, row.gen0 = c, width
+        if not self.batch:
+            self.cache, self.full_attn, self.cur = cache, full_attn, width
+            self.batch, self.next_pos, self.logits = new, next_pos, logits
+        else:
+            with torch.inference_mode():
+                self._join(cache, full_attn[:, :width], next_pos, logits, new)
+        if any(row.matcher is not None for row in self.batch) and (self.bitmask is None or self.bitmask.shape[0] < self.size):
+            self.bitmask = self.agent.constraint.bitmask(self.size)
+
+    def _prefill(self, prompts: list[list[int]], max_new: int) -> tuple[Any, Any, int, Any, Any, list[Any]]:
+        """(cache, attention mask with room for ``max_new`` more columns, width, next positions, last logits, each
+        row's prompt columns) for ``prompts`` alone."""
+        import torch
+        from transformers import DynamicCache
+
+        from cowork_pipeline.agents.hf_agent import _common_prefix_len
+        from cowork_pipeline.agents.prefix_cache import buffered
+
+        agent, dev, n = self.agent, self.dev, len(prompts)
+        cache = DynamicCache(config=agent.model.config)
+        kw = {agent._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
+        # The cache region holds either KV reused from this conversation's previous step (prefix_cache.py) or the
+        # prompt prefix common to the whole group (in rollouts: the system block with the tools list, most of
+        # every prompt), prefilled once and copied to every row instead of being recomputed per row.
+        reused = [agent._prefix_cache.take(p) for p in prompts] if agent._reuse_enabled(cache) else [None] * n
+        if any(r is not None for r in reused):
+            cached = [r[0] if r is not None else 0 for r in reused]
+            region = max(cached)
+            with torch.inference_mode():
+                agent._fill_cache(cache, reused, region)
+            shared = 0
+        else:
+            # Each row keeps at least one own token so that its last-position logits exist.
+            shared = _common_prefix_len(prompts) if n > 1 else 0
+            shared = min(shared, min(len(p) for p in prompts) - 1)
+            if shared < agent.min_shared_prefix:
+                shared = 0
+            cached, region = [shared] * n, shared
+        suffixes = [p[c:] for p, c in zip(prompts, cached)]
+        sw = max(len(x) for x in suffixes)
+        width = region + sw
+        # The mask is allocated once for the prompt and all new tokens and sliced per step.
+        full_attn = torch.ones((n, width + max_new), dtype=torch.long)
+        suffix_ids = torch.full((n, sw), agent.pad_id, dtype=torch.long)
+        for r, x in enumerate(suffixes):
+            full_attn[r, : region - cached[r]] = 0
+            full_attn[r, region : width - len(x)] = 0
+            suffix_ids[r, sw - len(x):] = torch.tensor(x, dtype=torch.long)
+        full_attn, suffix_ids = full_attn.to(dev), suffix_ids.to(dev)
+        attn = full_attn[:, :width]
+        # Positions count real tokens only, so a padded row sees the same RoPE phases as an unpadded one.
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            if shared:
+                prefix = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
+                agent.model(input_ids=prefix, attention_mask=attn[:1, :shared], position_ids=pos[:1, :shared], **kw)
+                cache.batch_repeat_interleave(n)
+            out = agent.model(input_ids=suffix_ids, attention_mask=attn, position_ids=pos[:, region:], **kw)
+            buffered(cache, max_new)  # decode steps then write in place instead of re-concatenating the cache
+        cols = [torch.cat([torch.arange(region - cached[r], region), torch.arange(width - len(suffixes[r]), width)])
+                for r in range(n)]
+        return cache, full_attn, width, pos[:, -1] + 1, out.logits[:, -1, :].float(), cols
+
+    def _join(self, cache: Any, attn: Any, next_pos: Any, logits: Any, new: list[_Row]) -> None:
+        """Stack a prefilled group under the running batch, both padded on the left to one width."""
+        import torch
+
+        from cowork_pipeline.agents.prefix_cache import buffered_layer_class
+
+        if not self.can_join():
+            raise ValueError("rows cannot join a batch whose cache has sliding-window layers")
+        # Leading columns that no row in the batch attends any more are left out of the joined batch.
+        lead = int(self.full_attn[:, : self.cur].argmax(-1).min())
+        old_w, new_w = self.cur - lead, attn.shape[1]
+        width = max(old_w, new_w)
+        shift_old, shift_new = width - old_w - lead, width - new_w
+        b_old, b_new = self.size, attn.shape[0]
+        layer_class = buffered_layer_class()
+        for li, (mine, theirs) in enumerate(zip(self.cache.layers, cache.layers)):
+            kv = []
+            for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
+                both = a.new_zeros((b_old + b_new, *a.shape[1:-2], width, a.shape[-1]))
+                both[:b_old, ..., width - old_w :, :] = a[..., lead:, :]
+                both[b_old:, ..., width - new_w :, :] = b
+                kv.append(both)
+            self.cache.layers[li] = layer_class(kv[0], kv[1], self.max_new)
+        full = torch.ones((b_old + b_new, width + self.max_new), dtype=self.full_attn.dtype, device=self.dev)
+        full[:, :width] = 0
+        full[:b_old, width - old_w : width] = self.full_attn[:, lead : self.cur]
+        full[b_old:, width - new_w : width] = attn
+        self.full_attn, self.cur = full, width
+        for row in self.batch:
+            row.prompt_cols, row.gen0 = row.prompt_cols + shift_old, row.gen0 + shift_old
+        for row in new:
+            row.prompt_cols, row.gen0 = row.prompt_cols + shift_new, row.gen0 + shift_new
+        self.batch = self.batch + new
+        self.next_pos = torch.cat([self.next_pos, next_pos])
+        self.logits = torch.cat([self.logits, logits])
+
+    # --- decoding ------------------------------------------------------------------------------------------
+    def step(self) -> list[tuple[Any, list[int], tuple]]:
+        """Draw one token for every row in the batch; ``(key, prompt ids, result)`` for each row this finished (a
+        stop token, the listener, or the row's most tokens), the result as ``(tokens, raw log-probs, sampling
+        log-probs, ended by a stop token, top alternatives, ended by the listener)``. Once no row is left the
+        batch is empty (its KV kept for reuse), and may be admitted to afresh."""
+        import torch
+
+        from cowork_pipeline.agents.hf_agent import _top_p_filter
+
+        agent, logits, temperature, batch, top_k = self.agent, self.logits, self.temperature, self.batch, self.top_logprobs
+        with torch.inference_mode():
+            if agent._n_real_tokens < logits.shape[-1]:
+                # Embedding rows past the tokenizer's vocab (size padding) are never chosen, nor counted in the
+                # raw distribution (as the RL trainer recomputes it: ratios start at exactly 1).
+                logits[:, agent._n_real_tokens:] = float("-inf")
+            raw_logp = torch.log_softmax(logits, dim=-1)
+            if self.bitmask is not None and any(row.matcher is not None for row in batch):
+                agent.constraint.apply(logits, [row.matcher for row in batch], self.bitmask)
+                # A row the grammar leaves no token for (cannot happen for a well-formed grammar) ends its turn.
+                dead = torch.isinf(logits).all(-1)
+                if bool(dead.any()):
+                    logits[dead, agent.stop_ids[0]] = 0.0
+            if temperature <= 0.0:
+                tok = logits.argmax(dim=-1)
+                samp_logp = torch.zeros_like(tok, dtype=torch.float)  # greedy: the chosen token has prob 1
+            else:
+                samp = torch.log_softmax(logits / temperature, dim=-1)
+                if self.top_p < 1.0:
+                    samp = _top_p_filter(samp, self.top_p)
+                if self.generator is not None:
+                    tok = torch.multinomial(samp.exp(), 1, generator=self.generator).squeeze(-1)
+                else:  # a random stream per row (generate's seeds)
+                    probs = samp.exp()
+                    tok = torch.cat([torch.multinomial(probs[j], 1, generator=row.gen) for j, row in enumerate(batch)])
+                samp_logp = samp.gather(-1, tok[:, None]).squeeze(-1)
+            tok_lp = raw_logp.gather(-1, tok[:, None]).squeeze(-1)
+            if top_k:  # (of the raw distribution, as logprobs; size-padding rows are masked above)
+                top_v, top_i = raw_logp.topk(top_k, dim=-1)
+                top_l = [list(zip(i_, v_)) for i_, v_ in zip(top_i.tolist(), top_v.tolist())]
+            done_l = torch.isin(tok, self.stop).tolist()
+            tok_l, lp_l, slp_l = tok.tolist(), tok_lp.tolist(), samp_logp.tolist()
+            finished = []
+            for j, row in enumerate(batch):
+                if row.done:
+                    continue  # finished earlier; only kept in the batch because compaction was not worth it
+                row.comps.append(tok_l[j])
+                row.lps.append(lp_l[j])
+                row.slps.append(slp_l[j])
+                if top_k:
+                    row.tops.append(top_l[j])
+                row.stopped = bool(done_l[j])
+                if row.matcher is not None and not row.matcher.is_terminated():
+                    row.matcher.accept_token(tok_l[j])
+                if self.on_token is not None and self.on_token(row.key, tok_l[j], lp_l[j], top_l[j] if top_k else None) \
+                        and not row.stopped:
+                    row.stopped = row.ended = True
+                if row.stopped or len(row.comps) >= row.limit:
+                    row.done = True
+                    finished.append((row.key, row.prompt, row.result()))
+            live_l = [not row.done for row in batch]
+            n_live = sum(live_l)
+            if n_live == 0:
+                self._save(list(range(len(batch))))
+                self.batch, self.cache, self.full_attn, self.next_pos, self.logits, self.cur = [], None, None, None, None, 0
+                return finished
+            live = torch.tensor(live_l, device=self.dev)
+            if n_live * 2 <= len(live_l):
+                # Compact: drop finished rows from the batch and from the KV cache (keeping their KV for reuse).
+                keep = live.nonzero().squeeze(-1)
+                self._drop([j for j, ok in enumerate(live_l) if not ok], keep)
+                tok = tok[keep]
+            else:
+                tok = torch.where(live, tok, torch.full_like(tok, agent.pad_id))
+            self.cur += 1
+            if self.cur > self.full_attn.shape[1]:  # (rows that joined later decode past the planned room)
+                self.full_attn = torch.cat([self.full_attn, torch.ones_like(self.full_attn)], 1)
+            out = agent.model(input_ids=tok[:, None], attention_mask=self.full_attn[:, : self.cur],
+                              position_ids=self.next_pos[:, None],
+                              **{agent._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1})
+            self.logits = out.logits[:, -1, :].float()
+            self.next_pos = self.next_pos + 1
+        return finished
+
+    def _drop(self, positions: list[int], keep: Any = None) -> None:
+        """Drop the rows at these batch positions (keeping their KV for reuse)."""
+        import torch
+
+        self._save(positions)
+        gone = set(positions)
+        if keep is None:
+            keep = torch.tensor([j for j in range(self.size) if j not in gone], dtype=torch.long, device=self.dev)
+        self.cache.batch_select_indices(keep)
+        self.full_attn, self.next_pos, self.logits = self.full_attn[keep], self.next_pos[keep], self.logits[keep]
+        self.batch = [row for j, row in enumerate(self.batch) if j not in gone]
+
+    def _save(self, positions: Sequence[int]) -> None:
+        """Keep the KV (prompt and fed tokens) of the rows at these batch positions for the next step of their
+        conversations."""
+        import torch
+
+        agent = self.agent
+        if not agent._reuse_enabled(self.cache):
+            return
+        for b in positions:
+            row = self.batch[b]
+            fed = max(len(row.comps) - 1, 0)  # (all but the last completion token were fed)
+            cols = torch.cat([row.prompt_cols, torch.arange(row.gen0, row.gen0 + fed)]).to(self.dev)
+            layers = [(layer.keys[b].index_select(1, cols), layer.values[b].index_select(1, cols))
+                      for layer in self.cache.layers]
+            agent._prefix_cache.put(row.prompt + row.comps[:-1], len(row.prompt), layers)

@@ -1,0 +1,101 @@
+"""Continuous batching (agents/decoding.py): rows that join a running batch decode as they would alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cowork_pipeline.agents.chat_format import render_conversation
+from cowork_pipeline.services import tools_for
+from cowork_pipeline.training.student import StudentConfig, build_student
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
+
+TOOLS = tools_for(["mail_search", "mail_read", "crm_update_invoice"])
+
+
+@pytest.fixture(scope="module", params=[0, 16], ids=["plain", "pointer"])
+def student(request, tmp_path_factory):
+    corpus = [render_conversation([{"role": "user", "content": "find the invoice INV-1 of Clara and email her"}], TOOLS)] * 4
+    cfg = StudentConfig(vocab_size=600, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=2, num_kv_heads=1,
+                        max_position_embeddings=2048, min_frequency=1, pointer_dim=request.param)
+    return build_student(corpus, tmp_path_factory.mktemp("student"), cfg)
+
+
+def conversations(n: int) -> list[list[dict]]:
+    """``n`` conversations of different lengths (the first the longest)."""
+    return [[{"role": "system", "content": "You are a helpful coworker."},
+             {"role": "user", "content": "Find Clara's invoice " + "and check it again " * (n - k) + f"number {k}."}]
+            for k in range(n)]
+
+
+def decode_with_joins(agent, convs, schedule, limits, sampled):
+    """Each conversation's turn, its row admitted before the step ``schedule`` gives it (steps count on while the
+    batch is empty); the batch's size at each admission, and whether its first cache column is attended."""
+    decoding = agent.decoding(temperature=1.0 if sampled else 0.0)
+    got, step, sizes, pending = {}, 0, [], dict(schedule)
+    while pending or decoding.live:
+        if step in pending:
+            decoding.admit([(i, agent.chat_prompt(convs[i], TOOLS, limits[i]), agent.matcher(TOOLS),
+                             torch.Generator().manual_seed(100 + i) if sampled else None, limits[i])
+                            for i in pending.pop(step)])
+            # (no column that every row leaves masked is kept at the left: rows that left take theirs along)
+            sizes.append((decoding.size, bool(decoding.full_attn[:, 0].any())))
+        if decoding.live:
+            for i, ids, out in decoding.step():
+                got[i] = agent.generation(("chat", convs[i], TOOLS), ids, out)
+        step += 1
+    return [got[i] for i in range(len(convs))], sizes
+
+
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "greedy"])
+def test_rows_that_join_a_running_batch_decode_as_they_would_alone(student, sampled):
+    """Rows join between steps: into a batch that runs (padded on the left to one width, or padding it), after rows
+    that finished left it (their columns trimmed), and into a batch that emptied. Each row's tokens are those it
+    draws alone, from its own random stream or greedily, under the offered tools' grammar, each to its own limit;
+    its log-probs equal those alone."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student, device="cpu", max_new_tokens=32, prefix_cache_mb=0)
+    convs = conversations(6)
+    limits = [4, 30, 12, 20, 6, 9]
+    # 0 (the longest prompt, soon done) starts, 1 joins it; 2 joins after 0 left (the columns only 0 attended
+    # are trimmed); 3 and 4 join together; 5 comes once every other row is done.
+    got, sizes = decode_with_joins(agent, convs, {0: [0], 1: [1], 6: [2], 9: [3, 4], 80: [5]}, limits, sampled)
+    alone = [agent.generate([(c, TOOLS)], temperature=1.0 if sampled else 0.0, max_new_tokens=n,
+                            **({"seeds": [100 + i]} if sampled else {}))[0]
+             for i, (c, n) in enumerate(zip(convs, limits))]
+    assert [g.completion_ids for g in got] == [a.completion_ids for a in alone]
+    for g, a in zip(got, alone):
+        assert g.prompt_ids == a.prompt_ids and g.finish_reason == a.finish_reason and g.message == a.message
+        assert g.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    assert [len(g.completion_ids) for g in got] == [min(n, len(a.completion_ids)) for n, a in zip(limits, alone)]
+    # (1 joined 0; 2 joined 1, as 0 had left; 3 and 4 joined 1 and 2; 5 came alone)
+    assert sizes == [(1, True), (2, True), (2, True), (4, True), (1, True)]
+
+
+def test_a_row_that_joins_continues_a_finished_conversation_from_its_kept_kv(student):
+    """A conversation's next step that joins while the batch still runs prefills only its new tokens: the row
+    that finished leaves the batch before the newcomer is prefilled, and its KV is found. The answer is the one
+    a full prefill gives."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student, device="cpu", max_new_tokens=16)
+    full = HFAgent(student, device="cpu", max_new_tokens=16, prefix_cache_mb=0)
+    convs = conversations(3)
+    decoding = agent.decoding()
+    # (one row of three done is not worth compacting the batch for: it is still in it when the next step joins)
+    decoding.admit([(k, agent.chat_prompt(c, TOOLS, n), agent.matcher(TOOLS), None, n)
+                    for k, (c, n) in enumerate(zip(convs, [3, 16, 16]))])
+    first = None
+    while first is None:
+        for key, ids, out in decoding.step():
+            first = agent.generation(("chat", convs[key], TOOLS), ids, out)
+    nxt = convs[0] + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "and then?"}]
+    decoding.admit([("next", agent.chat_prompt(nxt, TOOLS, 16), agent.matcher(TOOLS), None, 16)])
+    got = {}
+    while decoding.live:
+        for key, ids, out in decoding.step():
+            got[key] = agent.generation(("chat", nxt if key == "next" else convs[key], TOOLS), ids, out)
+    assert agent._prefix_cache.hits == 1 and agent._prefix_cache.reused_tokens > len(first.prompt_ids)
+    want = full.generate([(nxt, TOOLS), (convs[1], TOOLS), (convs[2], TOOLS)])
+    assert [got[k].completion_ids for k in ("next", 1, 2)] == [w.completion_ids for w in want]
