@@ -99,3 +99,37 @@ def test_a_row_that_joins_continues_a_finished_conversation_from_its_kept_kv(stu
     assert agent._prefix_cache.hits == 1 and agent._prefix_cache.reused_tokens > len(first.prompt_ids)
     want = full.generate([(nxt, TOOLS), (convs[1], TOOLS), (convs[2], TOOLS)])
     assert [got[k].completion_ids for k in ("next", 1, 2)] == [w.completion_ids for w in want]
+
+
+def test_rows_that_sample_differently_share_a_batch_each_as_it_would_alone(student):
+    """Greedy rows beside sampled ones at other temperatures and top_p, each recording its own number of top
+    log-probs, joining one batch: each row's tokens, log-probs and top alternatives are those it gets alone."""
+    from cowork_pipeline.agents.decoding import Prompt
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student, device="cpu", max_new_tokens=16, prefix_cache_mb=0)
+    convs = conversations(5)
+    settings = [(0.0, 1.0, 0), (1.0, 1.0, 2), (0.7, 0.9, 0), (1.0, 1.0, 3), (0.0, 1.0, 1)]  # temperature, top_p, k
+    decoding = agent.decoding()
+    got: dict = {}
+
+    def admit(rows):
+        decoding.admit([Prompt(i, agent.chat_prompt(convs[i], TOOLS, 16), agent.matcher(TOOLS),
+                               torch.Generator().manual_seed(7 + i), None, *settings[i]) for i in rows])
+
+    admit([0, 1, 2])
+    for step in range(10):
+        if step == 3:
+            admit([3, 4])
+        for i, ids, out in decoding.step():
+            got[i] = agent.generation(("chat", convs[i], TOOLS), ids, out)
+    while decoding.live:
+        for i, ids, out in decoding.step():
+            got[i] = agent.generation(("chat", convs[i], TOOLS), ids, out)
+    for i, (t, p, k) in enumerate(settings):
+        (alone,) = agent.generate([(convs[i], TOOLS)], temperature=t, top_p=p, top_logprobs=k, seeds=[7 + i])
+        assert got[i].completion_ids == alone.completion_ids, i
+        assert got[i].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+        assert got[i].sampling_logprobs == pytest.approx(alone.sampling_logprobs, abs=1e-4)
+        assert [[t for t, _ in top] for top in got[i].top_logprobs] == [[t for t, _ in top] for top in alone.top_logprobs]
+        assert all(len(top) == k for top in got[i].top_logprobs)

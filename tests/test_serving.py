@@ -789,7 +789,7 @@ def test_a_request_joins_the_running_batch_and_leaves_it_when_done(tmp_path, con
     long = {"model": "student", "messages": [{"role": "user", "content": "Say anything."}], "max_tokens": 400,
             "temperature": 1.0, "seed": 11}  # (a sample of 353 tokens)
     short = {"model": "student", "messages": [{"role": "user", "content": "Say a few words."}], "max_tokens": 8,
-             "temperature": 1.0, "seed": 5, "extra_body": {"return_token_ids": True}}  # (sampled alike: one batch)
+             "temperature": 0.0, "extra_body": {"return_token_ids": True}}  # (greedy, beside a sampled row)
     with running(make_app(Slow(untrained, device="cpu", max_new_tokens=400), model_name="student",
                           continuous=continuous)) as base:
         api = client(base)

@@ -14,10 +14,24 @@ finished) are trimmed when a group joins.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 # (a row's key, the token drawn, its raw log-prob, the top alternatives or None) -> True ends the row's turn
 OnToken = Callable[[Any, int, float, Any], Any]
+
+
+class Prompt(NamedTuple):
+    """A row to admit: its key (what ``step`` and the listener know it by), prompt ids, grammar matcher (None:
+    unconstrained), random stream (None: the batch's), and its own settings (None: the batch's)."""
+
+    key: Any
+    ids: Sequence[int]
+    matcher: Any = None
+    generator: Any = None
+    max_new: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
 
 
 @dataclass(eq=False)
@@ -27,6 +41,9 @@ class _Row:
     matcher: Any  # its turn's grammar (None: unconstrained)
     gen: Any  # its random stream (None: the batch's)
     limit: int  # the most tokens it may draw
+    temperature: float
+    top_p: float
+    top_k: int  # how many likeliest tokens to record per step
     comps: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     slps: list[float] = field(default_factory=list)
@@ -76,9 +93,10 @@ class Decoding:
                                          for layer in self.cache.layers)
 
     # --- admission -----------------------------------------------------------------------------------------
-    def admit(self, entries: Sequence[tuple[Any, ...]]) -> None:
-        """Prefill ``(key, prompt ids, grammar matcher or None, random stream or None[, max new tokens])`` rows
-        and put them into the batch (first: the batch is theirs; later: they join it)."""
+    def admit(self, entries: Sequence[Prompt | tuple]) -> None:
+        """Prefill these rows (:class:`Prompt`, or the tuple of its fields) and put them into the batch (first: the
+        batch is theirs; later: they join it). Rows in one batch may sample differently (greedy beside sampled,
+        other temperatures, top_p and numbers of top log-probs)."""
         import torch
 
         if any(row.done for row in self.batch):
@@ -86,8 +104,14 @@ class Decoding:
             # continues their conversation (the client's next step) finds it.
             with torch.inference_mode():
                 self._drop([j for j, row in enumerate(self.batch) if row.done])
-        new = [_Row(key, list(ids), matcher, gen, int(limit[0]) if limit and limit[0] is not None else self.max_new)
-               for key, ids, matcher, gen, *limit in entries]
+        new = []
+        for entry in entries:
+            p = Prompt(*entry)
+            new.append(_Row(p.key, list(p.ids), p.matcher, p.generator,
+                            self.max_new if p.max_new is None else int(p.max_new),
+                            self.temperature if p.temperature is None else float(p.temperature),
+                            self.top_p if p.top_p is None else float(p.top_p),
+                            self.top_logprobs if p.top_logprobs is None else int(p.top_logprobs)))
         cache, full_attn, width, next_pos, logits, cols = self._prefill([row.prompt for row in new],
                                                                         max(row.limit for row in new))
         for row, c in zip(new, cols):
@@ -201,7 +225,9 @@ class Decoding:
 
         from cowork_pipeline.agents.hf_agent import _top_p_filter
 
-        agent, logits, temperature, batch, top_k = self.agent, self.logits, self.temperature, self.batch, self.top_logprobs
+        agent, logits, batch = self.agent, self.logits, self.batch
+        temperature, top_p, top_k = batch[0].temperature, batch[0].top_p, max(row.top_k for row in batch)
+        alike = all(row.temperature == temperature and row.top_p == top_p for row in batch)
         with torch.inference_mode():
             if agent._n_real_tokens < logits.shape[-1]:
                 # Embedding rows past the tokenizer's vocab (size padding) are never chosen, nor counted in the
@@ -214,13 +240,15 @@ class Decoding:
                 dead = torch.isinf(logits).all(-1)
                 if bool(dead.any()):
                     logits[dead, agent.stop_ids[0]] = 0.0
-            if temperature <= 0.0:
+            if not alike:
+                tok, samp_logp = self._drawn_per_row(logits)
+            elif temperature <= 0.0:
                 tok = logits.argmax(dim=-1)
                 samp_logp = torch.zeros_like(tok, dtype=torch.float)  # greedy: the chosen token has prob 1
             else:
                 samp = torch.log_softmax(logits / temperature, dim=-1)
-                if self.top_p < 1.0:
-                    samp = _top_p_filter(samp, self.top_p)
+                if top_p < 1.0:
+                    samp = _top_p_filter(samp, top_p)
                 if self.generator is not None:
                     tok = torch.multinomial(samp.exp(), 1, generator=self.generator).squeeze(-1)
                 else:  # a random stream per row (generate's seeds)
@@ -240,12 +268,13 @@ class Decoding:
                 row.comps.append(tok_l[j])
                 row.lps.append(lp_l[j])
                 row.slps.append(slp_l[j])
-                if top_k:
-                    row.tops.append(top_l[j])
+                if row.top_k:
+                    row.tops.append(top_l[j][: row.top_k])
                 row.stopped = bool(done_l[j])
                 if row.matcher is not None and not row.matcher.is_terminated():
                     row.matcher.accept_token(tok_l[j])
-                if self.on_token is not None and self.on_token(row.key, tok_l[j], lp_l[j], top_l[j] if top_k else None) \
+                if self.on_token is not None and \
+                        self.on_token(row.key, tok_l[j], lp_l[j], top_l[j][: row.top_k] if row.top_k else None) \
                         and not row.stopped:
                     row.stopped = row.ended = True
                 if row.stopped or len(row.comps) >= row.limit:
@@ -275,6 +304,29 @@ class Decoding:
             self.next_pos = self.next_pos + 1
         return finished
 
+    def _drawn_per_row(self, logits: Any) -> tuple[Any, Any]:
+        """(token, sampling log-prob) for a batch whose rows sample differently: each greedy row's likeliest
+        token, each sampled row's draw at its own temperature and top_p."""
+        import torch
+
+        from cowork_pipeline.agents.hf_agent import _top_p_filter
+
+        tok = logits.argmax(dim=-1)
+        samp_logp = torch.zeros_like(tok, dtype=torch.float)
+        for (temperature, top_p), rows in _groups(self.batch).items():
+            if temperature <= 0.0:
+                continue
+            idx = torch.tensor(rows, device=self.dev)
+            samp = torch.log_softmax(logits[idx] / temperature, dim=-1)
+            if top_p < 1.0:
+                samp = _top_p_filter(samp, top_p)
+            probs = samp.exp()
+            drawn = torch.cat([torch.multinomial(probs[i], 1, generator=self.batch[j].gen or self.generator)
+                               for i, j in enumerate(rows)])
+            tok[idx] = drawn
+            samp_logp[idx] = samp.gather(-1, drawn[:, None]).squeeze(-1)
+        return tok, samp_logp
+
     def _drop(self, positions: list[int], keep: Any = None) -> None:
         """Drop the rows at these batch positions (keeping their KV for reuse)."""
         import torch
@@ -302,3 +354,11 @@ class Decoding:
             layers = [(layer.keys[b].index_select(1, cols), layer.values[b].index_select(1, cols))
                       for layer in self.cache.layers]
             agent._prefix_cache.put(row.prompt + row.comps[:-1], len(row.prompt), layers)
+
+
+def _groups(batch: Sequence[_Row]) -> dict[tuple[float, float], list[int]]:
+    """Batch positions by (temperature, top_p)."""
+    out: dict[tuple[float, float], list[int]] = {}
+    for j, row in enumerate(batch):
+        out.setdefault((row.temperature, row.top_p), []).append(j)
+    return out

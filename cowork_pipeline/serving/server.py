@@ -634,10 +634,10 @@ class _Request:
 
 class _Batcher:
     """Concurrent requests are generated together, so that clients share the agent's batched, KV-cached decoding.
-    Continuously (an agent with ``decoding``, HFAgent's): requests that sample alike join the running batch between
-    decode steps, whatever their prompts, tools or token limits, and each leaves it with its answer once done. A
-    request that samples otherwise waits for the running batch to end, then starts the next. Otherwise a batch
-    (requests with the same options) is one ``generate`` call, run to its end before the next starts. Either way
+    Continuously (an agent with ``decoding``, HFAgent's): requests join the running batch between decode steps,
+    whatever their prompts, tools, token limits or sampling settings, and each leaves it with its answer once
+    done. Otherwise a batch (requests with the same options) is one ``generate`` call, run to its end before the
+    next starts. Either way
     a group of requests that arrive together starts as one batch. What a request gets does not depend on what it
     is batched with: greedy decoding draws nothing, and each sampled choice draws from its own random stream,
     seeded by the request's seed and the choice's index, so a seed reproduces its answer whatever else is in the
@@ -707,33 +707,23 @@ class _Batcher:
                 return
             seen = now
 
-    @staticmethod
-    def _decoding_key(opts: dict[str, Any]) -> str:
-        """Requests that may share a running batch: those that sample alike. Prompt kind, tools, grammar, token
-        limit and seed are each row's own."""
-        return json.dumps([opts.get("temperature"), opts.get("top_p"), opts.get("top_logprobs", 0)])
-
     def _loop_continuously(self) -> None:
         while True:
             with self.cond:
                 while not self.queue:
                     self.cond.wait()
             self._gather()
-            with self.cond:
-                opts = self.queue[0][1]
-            key = self._decoding_key(opts)
             fanout = _Fanout([])
             waiting: dict[int, tuple[_Request, int]] = {}  # row key (its fanout target) -> (request, choice)
             requests: list[_Request] = []
             try:
-                decoding = self.agent.decoding(opts.get("temperature"), opts.get("top_p"), None,  # type: ignore[attr-defined]
-                                               opts.get("top_logprobs", 0), on_token=fanout.token)
+                decoding = self.agent.decoding(on_token=fanout.token)  # type: ignore[attr-defined]
                 steps = 0
                 while True:
                     # Newcomers join every few steps, not at each: each join is a prefill and a copy of the batch's
                     # cache, and those that come within a few steps share them (measured: ~10% more tokens/s).
                     if decoding.can_join() and (steps % self.join_every == 0 or not decoding.live):
-                        self._admit(decoding, key, fanout, waiting, requests)
+                        self._admit(decoding, fanout, waiting, requests)
                     if not decoding.live:
                         break
                     steps += 1
@@ -748,17 +738,16 @@ class _Batcher:
                 for request in requests:
                     request.fail(exc)
 
-    def _admit(self, decoding: Any, key: str, fanout: _Fanout, waiting: dict[int, tuple[_Request, int]],
+    def _admit(self, decoding: Any, fanout: _Fanout, waiting: dict[int, tuple[_Request, int]],
                requests: list[_Request]) -> None:
-        """Let the requests at the head of the queue that sample alike join ``decoding``, while there is room. A
-        request that samples otherwise stops admission there, so it waits for this batch only, not for later ones."""
+        """Let the requests at the head of the queue join ``decoding``, in order, while there is room."""
         import torch
+
+        from cowork_pipeline.agents.decoding import Prompt
 
         with self.cond:
             room, taken = self.max_batch - decoding.live, []
             for queued in self.queue:
-                if self._decoding_key(queued[1]) != key:
-                    break
                 rows = queued[2] if self._sampled(queued[1]) else 1
                 if rows > room and (taken or decoding.live):
                     break
@@ -791,7 +780,8 @@ class _Batcher:
                 matcher = self.agent.matcher(prompt[2], opts.get("require_tool_call", False),  # type: ignore[attr-defined]
                                              opts.get("json_schema"), opts.get("single_tool_call", False)) \
                     if prompt[0] == "chat" else None
-                entries.append((row_key, ids, matcher, gen, opts.get("max_new_tokens")))
+                entries.append(Prompt(row_key, ids, matcher, gen, opts.get("max_new_tokens"), opts.get("temperature"),
+                                      opts.get("top_p"), opts.get("top_logprobs", 0)))
         if entries:
             decoding.admit(entries)
 
