@@ -59,6 +59,10 @@ class _Row:
 
 
 class Decoding:
+    """A batch being decoded (see the module's docstring). The settings given here are the defaults of rows
+    admitted without their own; ``generator`` is a random stream rows without their own share; ``on_token`` sees
+    each token drawn, by its row's key."""
+
     def __init__(self, agent: Any, temperature: float, top_p: float, max_new: int, top_logprobs: int = 0,
                  generator: Any = None, on_token: OnToken | None = None) -> None:
         import torch
@@ -99,6 +103,8 @@ class Decoding:
         other temperatures, top_p and numbers of top log-probs)."""
         import torch
 
+        if not entries:
+            return
         if any(row.done for row in self.batch):
             # Rows that finished leave first: their KV goes to the prefix cache, where a joining row that
             # continues their conversation (the client's next step) finds it.
