@@ -107,9 +107,10 @@ class Decoding:
             return
         if any(row.done for row in self.batch):
             # Rows that finished leave first: their KV goes to the prefix cache, where a joining row that
-            # continues their conversation (the client's next step) finds it.
+            # continues their conversation (the client's next step) finds it. (The batch sheds them as the
+            # newcomers are stacked under it: one copy of the cache, not two.)
             with torch.inference_mode():
-                self._drop([j for j, row in enumerate(self.batch) if row.done])
+                self._save([j for j, row in enumerate(self.batch) if row.done])
         new = []
         for entry in entries:
             p = Prompt(*entry)
@@ -193,33 +194,41 @@ class Decoding:
 
         if not self.can_join():
             raise ValueError("rows cannot join a batch whose cache has sliding-window layers")
-        # Leading columns that no row in the batch attends any more are left out of the joined batch.
-        lead = int(self.full_attn[:, : self.cur].argmax(-1).min())
+        # Rows that finished (their KV already saved) are left out, and so are the leading columns no row left
+        # attends.
+        kept = [j for j, row in enumerate(self.batch) if not row.done]
+        keep = torch.tensor(kept, dtype=torch.long, device=self.dev)
+        old_attn = self.full_attn[keep, : self.cur]
+        lead = int(old_attn.argmax(-1).min())
         old_w, new_w = self.cur - lead, attn.shape[1]
         width = max(old_w, new_w)
         shift_old, shift_new = width - old_w - lead, width - new_w
-        b_old, b_new = self.size, attn.shape[0]
+        b_old, b_new = len(kept), attn.shape[0]
         layer_class = buffered_layer_class()
         for li, (mine, theirs) in enumerate(zip(self.cache.layers, cache.layers)):
             kv = []
             for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
-                both = a.new_zeros((b_old + b_new, *a.shape[1:-2], width, a.shape[-1]))
-                both[:b_old, ..., width - old_w :, :] = a[..., lead:, :]
-                both[b_old:, ..., width - new_w :, :] = b
+                # One buffer with room for the steps to come, written once; padding is zeros (masked: it must be
+                # finite), the room is written before it is read.
+                both = a.new_empty((b_old + b_new, *a.shape[1:-2], width + self.max_new, a.shape[-1]))
+                both[..., :width, :] = 0
+                both[:b_old, ..., width - old_w : width, :] = a[keep][..., lead:, :]
+                both[b_old:, ..., width - new_w : width, :] = b
                 kv.append(both)
-            self.cache.layers[li] = layer_class(kv[0], kv[1], self.max_new)
+            self.cache.layers[li] = layer_class(kv[0], kv[1], self.max_new, filled=width)
         full = torch.ones((b_old + b_new, width + self.max_new), dtype=self.full_attn.dtype, device=self.dev)
         full[:, :width] = 0
-        full[:b_old, width - old_w : width] = self.full_attn[:, lead : self.cur]
+        full[:b_old, width - old_w : width] = old_attn[:, lead:]
         full[b_old:, width - new_w : width] = attn
         self.full_attn, self.cur = full, width
+        self.batch = [self.batch[j] for j in kept]
         for row in self.batch:
             row.prompt_cols, row.gen0 = row.prompt_cols + shift_old, row.gen0 + shift_old
         for row in new:
             row.prompt_cols, row.gen0 = row.prompt_cols + shift_new, row.gen0 + shift_new
         self.batch = self.batch + new
-        self.next_pos = torch.cat([self.next_pos, next_pos])
-        self.logits = torch.cat([self.logits, logits])
+        self.next_pos = torch.cat([self.next_pos[keep], next_pos])
+        self.logits = torch.cat([self.logits[keep], logits])
 
     # --- decoding ------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[Any, list[int], tuple]]:
