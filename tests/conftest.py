@@ -38,3 +38,18 @@ def validator(sb):
     from cowork_pipeline.validation.certify import Validator
 
     return Validator(sb)
+
+
+@pytest.fixture(scope="module", params=[0, 16], ids=["plain", "pointer"])
+def tiny_student(request, tmp_path_factory):
+    """An untrained tiny student (it writes anything), plain and with the pointer head: for the decode loop's
+    tests, which compare its outputs along different paths. Its tokenizer knows the mail and invoice tools."""
+    from cowork_pipeline.agents.chat_format import render_conversation
+    from cowork_pipeline.services import tools_for
+    from cowork_pipeline.training.student import StudentConfig, build_student
+
+    tools = tools_for(["mail_search", "mail_read", "crm_update_invoice"])
+    corpus = [render_conversation([{"role": "user", "content": "find the invoice INV-1 of Clara and email her"}], tools)] * 4
+    cfg = StudentConfig(vocab_size=600, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=2, num_kv_heads=1,
+                        max_position_embeddings=2048, min_frequency=1, pointer_dim=request.param)
+    return build_student(corpus, tmp_path_factory.mktemp("student"), cfg)

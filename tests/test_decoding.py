@@ -4,21 +4,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cowork_pipeline.agents.chat_format import render_conversation
 from cowork_pipeline.services import tools_for
-from cowork_pipeline.training.student import StudentConfig, build_student
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 TOOLS = tools_for(["mail_search", "mail_read", "crm_update_invoice"])
 
 
-@pytest.fixture(scope="module", params=[0, 16], ids=["plain", "pointer"])
-def student(request, tmp_path_factory):
-    corpus = [render_conversation([{"role": "user", "content": "find the invoice INV-1 of Clara and email her"}], TOOLS)] * 4
-    cfg = StudentConfig(vocab_size=600, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=2, num_kv_heads=1,
-                        max_position_embeddings=2048, min_frequency=1, pointer_dim=request.param)
-    return build_student(corpus, tmp_path_factory.mktemp("student"), cfg)
+@pytest.fixture
+def student(tiny_student):  # (conftest.py)
+    return tiny_student
 
 
 def conversations(n: int) -> list[list[dict]]:

@@ -4,10 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cowork_pipeline.agents.chat_format import render_conversation
 from cowork_pipeline.agents.prefix_cache import MIN_REUSE_TOKENS, PrefixCache, buffered, buffered_layer_class
 from cowork_pipeline.services import tools_for
-from cowork_pipeline.training.student import StudentConfig, build_student
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
@@ -85,12 +83,9 @@ def test_buffered_layer_appends_in_place_grows_and_selects_rows_like_a_dynamic_l
 
 
 # --- end to end through HFAgent -----------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=[0, 16], ids=["plain", "pointer"])
-def student(request, tmp_path_factory):
-    corpus = [render_conversation([{"role": "user", "content": "find the invoice INV-1 of Clara and email her"}], TOOLS)] * 4
-    cfg = StudentConfig(vocab_size=600, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=2, num_kv_heads=1,
-                        max_position_embeddings=2048, min_frequency=1, pointer_dim=request.param)
-    return build_student(corpus, tmp_path_factory.mktemp("student"), cfg)
+@pytest.fixture
+def student(tiny_student):  # (conftest.py)
+    return tiny_student
 
 
 def conversations(step: int) -> list[list[dict]]:
