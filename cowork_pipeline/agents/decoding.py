@@ -342,16 +342,12 @@ class Decoding:
             samp_logp[idx] = samp.gather(-1, drawn[:, None]).squeeze(-1)
         return tok, samp_logp
 
-    def _drop(self, positions: list[int], keep: Any = None) -> None:
-        """Drop the rows at these batch positions (keeping their KV for reuse)."""
-        import torch
-
+    def _drop(self, positions: list[int], keep: Any) -> None:
+        """Drop the rows at these batch positions (keeping their KV for reuse); ``keep``: the other positions."""
         self._save(positions)
-        gone = set(positions)
-        if keep is None:
-            keep = torch.tensor([j for j in range(self.size) if j not in gone], dtype=torch.long, device=self.dev)
         self.cache.batch_select_indices(keep)
-        self.full_attn, self.next_pos, self.logits = self.full_attn[keep], self.next_pos[keep], self.logits[keep]
+        self.full_attn, self.next_pos = self.full_attn[keep], self.next_pos[keep]
+        gone = set(positions)
         self.batch = [row for j, row in enumerate(self.batch) if j not in gone]
 
     def _save(self, positions: Sequence[int]) -> None:

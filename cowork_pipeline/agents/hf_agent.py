@@ -309,8 +309,8 @@ class HFAgent:
         return ids
 
     def generation(self, prompt: tuple, ids: list[int], out: tuple) -> Generation:
-        """What a decoded row (``Decoding.result``) is: for ``("chat", messages, tools)`` the assistant's turn
-        parsed, for ``("text", ids)`` the completion's text."""
+        """What a decoded row is (``out``: its result as ``Decoding.step`` gives it): for ``("chat", messages,
+        tools)`` the assistant's turn parsed, for ``("text", ids)`` the completion's text."""
         comp, lps, slps, finished, tops, ended = out
         if prompt[0] == "text":
             return Generation({}, self._text(comp, finished, ended), ids, comp, "stop" if finished else "length",

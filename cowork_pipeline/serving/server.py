@@ -769,14 +769,12 @@ class _Batcher:
                 for choice in range(request.rows):
                     request.done(choice, ids)
                 continue
-            seed = opts["seed"] if "seed" in opts else secrets.randbits(63)
-            for choice, choices in enumerate([[i] for i in range(n)] if request.sampled else [list(range(n))]):
-                watch = _StopWatch(stop, self.token_bytes(), answer=prompt[0] == "chat") if stop else None
+            for choice, (target, seed) in enumerate(self._rows(prompt, opts, n, listener, stop)):
                 row_key = len(fanout.targets)
-                fanout.targets.append((listener, choices, watch))
+                fanout.targets.append(target)
                 waiting[row_key] = (request, choice)
                 fanout.prompt(row_key, ids)
-                gen = torch.Generator(device=self.agent.device).manual_seed(_choice_seed(seed, choice)) \
+                gen = torch.Generator(device=self.agent.device).manual_seed(seed) \
                     if request.sampled else None  # type: ignore[attr-defined]
                 matcher = self.agent.matcher(prompt[2], opts.get("require_tool_call", False),  # type: ignore[attr-defined]
                                              opts.get("json_schema"), opts.get("single_tool_call", False)) \
@@ -822,32 +820,37 @@ class _Batcher:
                 sampled = self._sampled(first[1])
                 rows: list[Any] = []  # (messages, tools) to generate for, or token ids to continue
                 seeds: list[int] = []
-                # per row: its request's listener, the choices it is, and what watches for its stop sequences
                 targets: list[tuple[Any, list[int], _StopWatch | None]] = []
-                for prompt, o, n, (listener, stop), _f in batch:
-                    copies = n if sampled else 1
-                    rows += [prompt[1:] if kind == "chat" else prompt[1]] * copies
-                    seed = o["seed"] if "seed" in o else secrets.randbits(63)
-                    seeds += [_choice_seed(seed, i) for i in range(copies)]
-                    for choices in ([[i] for i in range(n)] if sampled else [list(range(n))]):
-                        watch = _StopWatch(stop, self.token_bytes(), answer=kind == "chat") \
-                            if stop and self.streams else None
-                        targets.append((listener, choices, watch))
+                requests: list[tuple[_Request, int]] = []  # (request, choice) of each row
+                for prompt, o, n, (listener, stop), fut in batch:
+                    request = _Request(prompt, n, sampled, fut)
+                    for choice, (target, seed) in enumerate(self._rows(prompt, o, n, listener, stop)):
+                        rows.append(prompt[1:] if kind == "chat" else prompt[1])
+                        seeds.append(seed)
+                        targets.append(target)
+                        requests.append((request, choice))
                 opts = {k: v for k, v in first[1].items() if k != "seed"}
                 if any(listener is not None or watch is not None for listener, _c, watch in targets):
                     opts["listener"] = _Fanout(targets)
                 call = generate if kind == "chat" else self.agent.complete  # type: ignore[attr-defined]
                 gens = call(rows, **opts, seeds=seeds) if sampled else call(rows, **opts)
-                at = 0
-                for _p, _o, n, _l, fut in batch:
-                    c = n if sampled else 1
-                    mine, at = gens[at : at + c], at + c
-                    fut.set_result([_answer(g.message, g.finish_reason, len(g.prompt_ids), len(g.completion_ids), g)
-                                    for g in (mine if sampled else mine * n)])
+                for (request, choice), generation in zip(requests, gens):
+                    request.done(choice, generation)
             except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as a 500
                 for *_rest, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
+
+    def _rows(self, prompt: tuple, opts: dict[str, Any], n: int, listener: Any,
+              stop: list[str]) -> list[tuple[tuple[Any, list[int], _StopWatch | None], int]]:
+        """A request's rows (a sampled request's n choices, or the one answer of a greedy one, every choice's):
+        per row, what its tokens go to (the request's listener, the choices the row is, what watches for the
+        request's stop sequences) and the seed of its random stream."""
+        sampled = self._sampled(opts)
+        seed = opts["seed"] if "seed" in opts else secrets.randbits(63)
+        return [((listener, choices, _StopWatch(stop, self.token_bytes(), answer=prompt[0] == "chat")
+                  if stop and self.streams else None), _choice_seed(seed, i))
+                for i, choices in enumerate([[c] for c in range(n)] if sampled else [list(range(n))])]
 
 
 def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, stream_interval_s: float = 0.05,
