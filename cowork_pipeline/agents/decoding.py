@@ -120,7 +120,7 @@ class Decoding:
                             self.top_p if p.top_p is None else float(p.top_p),
                             self.top_logprobs if p.top_logprobs is None else int(p.top_logprobs)))
         cache, full_attn, width, next_pos, logits, cols = self._prefill([row.prompt for row in new],
-                                                                        max(row.limit for row in new))
+                                                                        max(row.limit for row in new), not self.batch)
         for row, c in zip(new, cols):
             row.prompt_cols, row.gen0 = c, width
         if not self.batch:
@@ -132,9 +132,11 @@ class Decoding:
         if any(row.matcher is not None for row in self.batch) and (self.bitmask is None or self.bitmask.shape[0] < self.size):
             self.bitmask = self.agent.constraint.bitmask(self.size)
 
-    def _prefill(self, prompts: list[list[int]], max_new: int) -> tuple[Any, Any, int, Any, Any, list[Any]]:
+    def _prefill(self, prompts: list[list[int]], max_new: int,
+                 room: bool = True) -> tuple[Any, Any, int, Any, Any, list[Any]]:
         """(cache, attention mask with room for ``max_new`` more columns, width, next positions, last logits, each
-        row's prompt columns) for ``prompts`` alone."""
+        row's prompt columns) for ``prompts`` alone; ``room``: the cache too has room to decode in (a group that
+        joins a batch is copied into the batch's cache instead)."""
         import torch
         from transformers import DynamicCache
 
@@ -181,7 +183,8 @@ class Decoding:
                 agent.model(input_ids=prefix, attention_mask=attn[:1, :shared], position_ids=pos[:1, :shared], **kw)
                 cache.batch_repeat_interleave(n)
             out = agent.model(input_ids=suffix_ids, attention_mask=attn, position_ids=pos[:, region:], **kw)
-            buffered(cache, max_new)  # decode steps then write in place instead of re-concatenating the cache
+            if room:
+                buffered(cache, max_new)  # decode steps then write in place instead of re-concatenating the cache
         cols = [torch.cat([torch.arange(region - cached[r], region), torch.arange(width - len(suffixes[r]), width)])
                 for r in range(n)]
         return cache, full_attn, width, pos[:, -1] + 1, out.logits[:, -1, :].float(), cols
