@@ -1070,3 +1070,31 @@ def test_concurrent_requests_are_generated_as_one_batch_with_the_answers_they_ge
         with ThreadPoolExecutor(8) as pool:
             fresh = list(pool.map(lambda _: sample(convs[0]), range(8)))
         assert len({tuple(ids) for ids in fresh}) > 1
+
+
+def test_a_running_batch_keeps_nothing_of_the_rows_that_left_it(student_checkpoint):
+    """Under continuous load a batch may never empty: what it holds for a row (its listener, its stop watch, its
+    request) goes once the row is done, so a long-running server does not grow with every request it answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.serving.server import _Batcher
+
+    seen: list = []
+
+    class Watched(HFAgent):
+        def decoding(self, *args, on_token=None, **kw):
+            seen.append(on_token.__self__)  # (the batch's fanout)
+            return super().decoding(*args, on_token=on_token, **kw)
+
+    agent = Watched(student_checkpoint, device="cpu", max_new_tokens=64)
+    batcher = _Batcher(agent, max_batch=8)
+    conv = [{"role": "user", "content": "Please send the team an update."}]
+    with ThreadPoolExecutor(4) as pool:
+        long = pool.submit(batcher.run, ("chat", conv, []), {"max_new_tokens": 64, "temperature": 1.0, "seed": 1})
+        time.sleep(0.05)  # (the short ones join it)
+        short = [pool.submit(batcher.run, ("chat", conv, []), {"max_new_tokens": 2, "temperature": 1.0, "seed": i})
+                 for i in range(6)]
+        for f in short + [long]:
+            assert f.result(60)
+    assert seen and all(not fanout.targets for fanout in seen)

@@ -554,8 +554,8 @@ class _Fanout:
     choices the row is for (a greedy row is all n choices of its request); a row ends where its request's stop
     sequence is said, or where its listener says so (its client gone)."""
 
-    def __init__(self, targets: list[tuple[Any, list[int], _StopWatch | None]]) -> None:
-        self.targets = targets
+    def __init__(self, targets: list[tuple[Any, list[int], _StopWatch | None]] | dict[int, tuple]) -> None:
+        self.targets = targets  # by row (a running batch's: by row key, each gone once its row is done)
 
     def prompt(self, index: int, prompt_ids: list[int]) -> None:
         listener, choices, _watch = self.targets[index]
@@ -637,11 +637,10 @@ class _Batcher:
     Continuously (an agent with ``decoding``, HFAgent's): requests join the running batch between decode steps,
     whatever their prompts, tools, token limits or sampling settings, and each leaves it with its answer once
     done. Otherwise a batch (requests with the same options) is one ``generate`` call, run to its end before the
-    next starts. Either way
-    a group of requests that arrive together starts as one batch. What a request gets does not depend on what it
-    is batched with: greedy decoding draws nothing, and each sampled choice draws from its own random stream,
-    seeded by the request's seed and the choice's index, so a seed reproduces its answer whatever else is in the
-    batch. A sampled request without a seed gets a fresh one, as OpenAI's and vLLM's servers draw afresh: clients
+    next starts. Either way a group of requests that arrive together starts as one batch. What a request gets
+    does not depend on what it is batched with: greedy decoding draws nothing, and each sampled choice draws from
+    its own random stream, seeded by the request's seed and the choice's index, so a seed reproduces its answer
+    whatever else is in the batch. A sampled request without a seed gets a fresh one, as OpenAI's and vLLM's servers draw afresh: clients
     that send a group of requests to sample a group of rollouts get different samples."""
 
     def __init__(self, agent: Agent, max_batch: int = 32, gather_s: float = 0.005, max_gather_s: float = 0.05,
@@ -713,9 +712,10 @@ class _Batcher:
                 while not self.queue:
                     self.cond.wait()
             self._gather()
-            fanout = _Fanout([])
+            fanout = _Fanout({})
             waiting: dict[int, tuple[_Request, int]] = {}  # row key (its fanout target) -> (request, choice)
             requests: list[_Request] = []
+            keys = itertools.count()
             try:
                 decoding = self.agent.decoding(on_token=fanout.token)  # type: ignore[attr-defined]
                 steps = 0
@@ -724,11 +724,13 @@ class _Batcher:
                     # cache, and those that come within a few steps share them (bench_serving's staggered agents:
                     # 688 tok/s joining every 4th step, 633 at every step, one run each).
                     if decoding.can_join() and (steps % self.join_every == 0 or not decoding.live):
-                        self._admit(decoding, fanout, waiting, requests)
+                        self._admit(decoding, fanout, waiting, requests, keys)
                     if not decoding.live:
                         break
                     steps += 1
                     for row_key, ids, out in decoding.step():
+                        # (what a finished row held goes with it: a batch that never empties keeps no history)
+                        del fanout.targets[row_key]
                         request, choice = waiting.pop(row_key)
                         request.done(choice, self.agent.generation(request.prompt, ids, out))  # type: ignore[attr-defined]
             except Exception as exc:  # noqa: BLE001 - each request in the batch gets the error as a 500
@@ -740,7 +742,7 @@ class _Batcher:
                     request.fail(exc)
 
     def _admit(self, decoding: Any, fanout: _Fanout, waiting: dict[int, tuple[_Request, int]],
-               requests: list[_Request]) -> None:
+               requests: list[_Request], keys: Any) -> None:
         """Let the requests at the head of the queue join ``decoding``, in order, while there is room."""
         import torch
 
@@ -770,8 +772,8 @@ class _Batcher:
                     request.done(choice, ids)
                 continue
             for choice, (target, seed) in enumerate(self._rows(prompt, opts, n, listener, stop)):
-                row_key = len(fanout.targets)
-                fanout.targets.append(target)
+                row_key = next(keys)
+                fanout.targets[row_key] = target
                 waiting[row_key] = (request, choice)
                 fanout.prompt(row_key, ids)
                 gen = torch.Generator(device=self.agent.device).manual_seed(seed) \
