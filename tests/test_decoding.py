@@ -128,3 +128,55 @@ def test_rows_that_sample_differently_share_a_batch_each_as_it_would_alone(stude
         assert got[i].sampling_logprobs == pytest.approx(alone.sampling_logprobs, abs=1e-4)
         assert [[t for t, _ in top] for top in got[i].top_logprobs] == [[t for t, _ in top] for top in alone.top_logprobs]
         assert all(len(top) == k for top in got[i].top_logprobs)
+
+
+def test_a_join_that_fails_leaves_the_running_batch_as_it_was(student, monkeypatch):
+    """A join that fails (out of memory while its group is prefilled, or while the caches are stacked) raises, and
+    the running batch decodes on without the group, each row as it would alone; a later group joins it as usual."""
+    from cowork_pipeline.agents import decoding as decoding_module
+    from cowork_pipeline.agents import prefix_cache
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student, device="cpu", max_new_tokens=24, prefix_cache_mb=0)
+    convs = conversations(4)
+    decoding = agent.decoding()
+    row = lambda i: (i, agent.chat_prompt(convs[i], TOOLS, 24), agent.matcher(TOOLS), None, 24)  # noqa: E731
+    decoding.admit([row(0), row(1)])
+    got: dict = {}
+
+    def step():
+        for i, ids, out in decoding.step():
+            got[i] = agent.generation(("chat", convs[i], TOOLS), ids, out)
+
+    for _ in range(3):
+        step()
+    real_class, built = prefix_cache.buffered_layer_class(), []
+
+    def layer_class(*args, **kw):  # (the second layer's buffer does not fit)
+        built.append(1)
+        if len(built) == 2:
+            raise RuntimeError("out of memory")
+        return real_class(*args, **kw)
+
+    monkeypatch.setattr(prefix_cache, "buffered_layer_class", lambda: layer_class)
+    width, attn = decoding.cur, decoding.full_attn.clone()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        decoding.admit([row(2)])
+    monkeypatch.undo()
+    assert decoding.size == 2 and decoding.cur == width and torch.equal(decoding.full_attn, attn)
+    assert all(type(layer) is real_class for layer in decoding.cache.layers)
+
+    def failing_prefill(*args, **kw):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(decoding_module.Decoding, "_prefill", failing_prefill)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        decoding.admit([row(2)])
+    monkeypatch.undo()
+    step()
+    decoding.admit([row(3)])
+    while decoding.live:
+        step()
+    alone = agent.generate([(convs[i], TOOLS) for i in (0, 1, 3)])
+    assert sorted(got) == [0, 1, 3]
+    assert [got[i].completion_ids for i in (0, 1, 3)] == [a.completion_ids for a in alone]

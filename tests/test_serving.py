@@ -1098,3 +1098,56 @@ def test_a_running_batch_keeps_nothing_of_the_rows_that_left_it(student_checkpoi
         for f in short + [long]:
             assert f.result(60)
     assert seen and all(not fanout.targets for fanout in seen)
+
+
+def test_a_request_that_cannot_join_fails_alone(student_checkpoint):
+    """A request whose admission fails (its prefill out of memory, say) fails alone, as a 500: the running batch
+    decodes on, and a request that came with it is admitted on its own; every answer is the one it gets alone."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cowork_pipeline.agents.decoding import Decoding
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.serving.server import _Batcher
+
+    generating, groups, seen = threading.Event(), [], []
+
+    class Joined(HFAgent):
+        def decoding(self, *args, on_token=None, **kw):
+            def slowed(key, *drawn):
+                generating.set()
+                time.sleep(0.002)
+                return on_token(key, *drawn)
+
+            seen.append(on_token.__self__)  # (the batch's fanout)
+            decoding = super().decoding(*args, on_token=slowed, **kw)
+            decoding._prefill = prefill.__get__(decoding)
+            return decoding
+
+    def prefill(self, prompts, *args, **kw):
+        texts = [self.agent.tokenizer.decode(p) for p in prompts]
+        groups.append(len(prompts))
+        if any("too long to fit" in t for t in texts):
+            raise RuntimeError("out of memory")
+        return Decoding._prefill(self, prompts, *args, **kw)
+
+    agent = Joined(student_checkpoint, device="cpu", max_new_tokens=64, prefix_cache_mb=0)
+    batcher = _Batcher(agent, max_batch=8)
+    conv = [{"role": "user", "content": "Please send the team an update."}]
+    bad = [{"role": "user", "content": "This one is too long to fit."}]
+    long_opts, short_opts = {"max_new_tokens": 64, "temperature": 1.0, "seed": 3}, {"max_new_tokens": 6}
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(batcher.run, ("chat", conv, []), long_opts)
+        assert generating.wait(30)
+        with batcher.cond:  # (both come before the batch's next admission: they try to join as one group)
+            failed = batcher.submit(("chat", bad, []), short_opts)
+            short = batcher.submit(("chat", conv, []), short_opts)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            failed.result(60)
+        joined, whole = short.result(60), long.result(60)
+    assert groups == [1, 2, 1, 1]  # (the long one; the pair, which failed; each alone, the bad one failing)
+    for got, opts in ((joined, short_opts), (whole, long_opts)):
+        (alone,) = batcher.run(("chat", conv, []), opts)
+        assert got[0][3].completion_ids == alone[3].completion_ids and got[0][0] == alone[0]
+    assert len(whole[0][3].completion_ids) > 20
+    assert all(not fanout.targets for fanout in seen)

@@ -100,7 +100,8 @@ class Decoding:
     def admit(self, entries: Sequence[Prompt | tuple]) -> None:
         """Prefill these rows (:class:`Prompt`, or the tuple of its fields) and put them into the batch (first: the
         batch is theirs; later: they join it). Rows in one batch may sample differently (greedy beside sampled,
-        other temperatures, top_p and numbers of top log-probs)."""
+        other temperatures, top_p and numbers of top log-probs). An admission that fails (its prefill out of
+        memory, say) raises and leaves the batch as it was, to decode on without these rows."""
         import torch
 
         if not entries:
@@ -208,7 +209,10 @@ class Decoding:
         shift_old, shift_new = width - old_w - lead, width - new_w
         b_old, b_new = len(kept), attn.shape[0]
         layer_class = buffered_layer_class()
-        for li, (mine, theirs) in enumerate(zip(self.cache.layers, cache.layers)):
+        # (everything is built before any of it replaces the batch's: a join that fails, out of memory say,
+        # leaves the running batch as it was)
+        layers = []
+        for mine, theirs in zip(self.cache.layers, cache.layers):
             kv = []
             for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
                 # One buffer with room for the steps to come, written once; padding is zeros (masked: it must be
@@ -218,11 +222,13 @@ class Decoding:
                 both[:b_old, ..., width - old_w : width, :] = a[keep][..., lead:, :]
                 both[b_old:, ..., width - new_w : width, :] = b
                 kv.append(both)
-            self.cache.layers[li] = layer_class(kv[0], kv[1], self.max_new, filled=width)
+            layers.append(layer_class(kv[0], kv[1], self.max_new, filled=width))
         full = torch.ones((b_old + b_new, width + self.max_new), dtype=self.full_attn.dtype, device=self.dev)
         full[:, :width] = 0
         full[:b_old, width - old_w : width] = old_attn[:, lead:]
         full[b_old:, width - new_w : width] = attn
+        next_pos, logits = torch.cat([self.next_pos[keep], next_pos]), torch.cat([self.logits[keep], logits])
+        self.cache.layers[:] = layers
         self.full_attn, self.cur = full, width
         self.batch = [self.batch[j] for j in kept]
         for row in self.batch:
@@ -230,8 +236,7 @@ class Decoding:
         for row in new:
             row.prompt_cols, row.gen0 = row.prompt_cols + shift_new, row.gen0 + shift_new
         self.batch = self.batch + new
-        self.next_pos = torch.cat([self.next_pos[keep], next_pos])
-        self.logits = torch.cat([self.logits[keep], logits])
+        self.next_pos, self.logits = next_pos, logits
 
     # --- decoding ------------------------------------------------------------------------------------------
     def step(self) -> list[tuple[Any, list[int], tuple]]:

@@ -758,33 +758,56 @@ class _Batcher:
                 room -= rows
             del self.queue[: len(taken)]
         requests[:] = [r for r in requests if not r.fut.done()]  # (those in the batch: a failure fails them)
-        entries = []
+        groups: list[tuple[_Request, list[Prompt]]] = []
         for prompt, opts, n, (listener, stop), fut in taken:
             request = _Request(prompt, n, self._sampled(opts), fut)
             requests.append(request)
             try:
                 ids = self._prompt_ids(prompt, opts)
-            except ValueError as exc:
+                if not isinstance(ids, list):  # (a conversation that does not fit: its turn failed, nothing generated)
+                    for choice in range(request.rows):
+                        request.done(choice, ids)
+                    continue
+                rows = self._rows(prompt, opts, n, listener, stop)
+                # (its tools' grammar, or its JSON schema, is its own: one that cannot be compiled fails it alone)
+                matchers = [self.agent.matcher(prompt[2], opts.get("require_tool_call", False),  # type: ignore[attr-defined]
+                                               opts.get("json_schema"), opts.get("single_tool_call", False))
+                            if prompt[0] == "chat" else None for _ in rows]
+            except Exception as exc:  # noqa: BLE001 - this request's own failure (its prompt): a 500 for it alone
                 request.fail(exc)
                 continue
-            if not isinstance(ids, list):  # (a conversation that does not fit: its turn failed, nothing generated)
-                for choice in range(request.rows):
-                    request.done(choice, ids)
-                continue
-            for choice, (target, seed) in enumerate(self._rows(prompt, opts, n, listener, stop)):
+            entries = []
+            for choice, ((target, seed), matcher) in enumerate(zip(rows, matchers)):
                 row_key = next(keys)
                 fanout.targets[row_key] = target
                 waiting[row_key] = (request, choice)
                 fanout.prompt(row_key, ids)
                 gen = torch.Generator(device=self.agent.device).manual_seed(seed) \
                     if request.sampled else None  # type: ignore[attr-defined]
-                matcher = self.agent.matcher(prompt[2], opts.get("require_tool_call", False),  # type: ignore[attr-defined]
-                                             opts.get("json_schema"), opts.get("single_tool_call", False)) \
-                    if prompt[0] == "chat" else None
                 entries.append(Prompt(row_key, ids, matcher, gen, opts.get("max_new_tokens"), opts.get("temperature"),
                                       opts.get("top_p"), opts.get("top_logprobs", 0)))
-        if entries:
-            decoding.admit(entries)
+            groups.append((request, entries))
+        self._join(decoding, groups, fanout, waiting)
+
+    def _join(self, decoding: Any, groups: list[tuple[_Request, list[Any]]], fanout: _Fanout,
+              waiting: dict[int, tuple[_Request, int]]) -> None:
+        """Admit the requests' rows into ``decoding`` together. Where that fails (a prefill out of memory, say), the
+        running batch is as it was (``Decoding.admit``) and each request is admitted alone, so that only a request
+        that cannot be admitted fails, and the batch decodes on without it."""
+        if not groups:
+            return
+        try:
+            decoding.admit([entry for _request, entries in groups for entry in entries])
+            return
+        except Exception as exc:  # noqa: BLE001 - the request gets the error as a 500; the others go on
+            if len(groups) == 1:
+                request, entries = groups[0]
+                for entry in entries:
+                    del fanout.targets[entry.key], waiting[entry.key]
+                request.fail(exc)
+                return
+        for group in groups:
+            self._join(decoding, [group], fanout, waiting)
 
     def _prompt_ids(self, prompt: tuple, opts: dict[str, Any]) -> Any:
         """A request's prompt ids, or for a conversation that does not fit the turn that failed."""
