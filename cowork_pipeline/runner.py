@@ -148,9 +148,12 @@ def run_episodes(
     user: UserSimulator | None = None,
     seeds: Sequence[int] | None = None,
 ) -> list[Trajectory]:
-    """Run many episodes in lockstep so a batching agent (``act_batch``) generates for all at once. ``seeds``: each
-    episode's own, handed to an agent that samples each episode from its own seed (``per_episode_seeds``:
-    ``act_batch(conversations, seeds=...)``), so that trials of one environment are not one sample repeated."""
+    """Run many episodes together. An agent that decodes turns continuously (``turns()``, HFAgent's) gets each
+    episode's next turn as soon as the episode is ready for it; otherwise episodes run in lockstep, so that a
+    batching agent (``act_batch``) generates for all at once. ``seeds``: each episode's own, handed to an agent that
+    samples each episode from its own seed (``per_episode_seeds``: ``act_batch(conversations, seeds=...)``; a
+    continuous agent's sampled turns draw from streams seeded by it), so that trials of one environment are not
+    one sample repeated."""
     name = getattr(agent, "name", type(agent).__name__)
     gens = [episode(env, name, faults=f, limits=limits, user=user) for env, f in cases]
     out: list[Trajectory | None] = [None] * len(gens)
@@ -160,6 +163,8 @@ def run_episodes(
             pending[i] = next(g)
         except StopIteration as stop:
             out[i] = stop.value
+    if callable(getattr(agent, "turns", None)):
+        return _run_continuously(gens, out, pending, agent.turns(), seeds)
     batch_fn = getattr(agent, "act_batch", None)
     seeded = batch_fn is not None and seeds is not None and getattr(agent, "per_episode_seeds", False)
     while pending:
@@ -181,6 +186,31 @@ def run_episodes(
             except StopIteration as stop:
                 out[i] = stop.value
                 del pending[i]
+    return [t for t in out if t is not None]
+
+
+def _run_continuously(gens: list[Any], out: list[Trajectory | None], pending: dict[int, tuple[Any, Any]], turns: Any,
+                      seeds: Sequence[int] | None) -> list[Trajectory]:
+    """``run_episodes`` for an agent that decodes turns continuously (``turns()``): an episode's next turn is
+    submitted as soon as its reply came and its tools ran, and joins the batch while the others decode."""
+    from cowork_pipeline.synthesis.embedded import sub_seed
+
+    asked = dict.fromkeys(pending, 0)  # turns each episode has asked for (a sampled turn's seed: its episode's and this)
+
+    def submit(i: int, request: tuple[Any, Any]) -> None:
+        turns.submit(i, *request, None if seeds is None else sub_seed(seeds[i], asked[i]))
+        asked[i] += 1
+
+    for i in sorted(pending):
+        submit(i, pending[i])
+    while turns.busy:
+        for i, reply in turns.step():
+            try:
+                request = gens[i].throw(reply) if isinstance(reply, Exception) else gens[i].send(reply)
+            except StopIteration as stop:
+                out[i] = stop.value
+                continue
+            submit(i, request)
     return [t for t in out if t is not None]
 
 

@@ -32,6 +32,8 @@ SMOKE = {
     "bench_incremental.py": (["--envs-per-capability", "1"], [r"ratio: +[\d.]+% of the full run", r"verification: +OK"]),
     "bench_generation.py": (["--batch", "2", "--new-tokens", "4", "--repeats", "1", "--steps", "2"],
                             [r"speed-up ours / naive: [\d.]+x", r"identical completions \d+/4"]),
+    "bench_episodes.py": (["--envs", "2", "--trials", "1", "--new-tokens", "8", "--batch", "2", "--repeats", "1", "--sft-steps", "1"],
+                          [r"continuous +[\d.]+ +[\d,]+ +\d+% +[\d.]+x", r"the same trajectories under both drivers: yes"]),
     "bench_serving.py": (["--clients", "2", "--new-tokens", "4", "--repeats", "1", "--turns", "2"],
                          [r"streamed / whole: throughput x[\d.]+", r"streamed texts identical to the whole answers: True",
                           r"continuous / static: throughput x[\d.]+", r"same answers in every run: 4/4"]),

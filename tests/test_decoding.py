@@ -180,3 +180,118 @@ def test_a_join_that_fails_leaves_the_running_batch_as_it_was(student, monkeypat
     alone = agent.generate([(convs[i], TOOLS) for i in (0, 1, 3)])
     assert sorted(got) == [0, 1, 3]
     assert [got[i].completion_ids for i in (0, 1, 3)] == [a.completion_ids for a in alone]
+
+
+class _Lockstep:
+    """The agent without ``turns``: ``run_episodes`` drives it in lockstep rounds."""
+
+    def __init__(self, agent):
+        self.agent, self.name = agent, agent.name
+
+    def act(self, messages, tools):
+        return self.agent.act(messages, tools)
+
+    def act_batch(self, conversations):
+        return self.agent.act_batch(conversations)
+
+
+def _cases():
+    from cowork_pipeline.capabilities import load_catalog
+    from cowork_pipeline.services import FaultConfig
+    from cowork_pipeline.synthesis.embedded import EmbeddedBackend
+
+    catalog, backend = load_catalog(), EmbeddedBackend()
+    envs = [backend.draft(catalog[c], s).spec for c in ("invoice_dispute", "meeting_reschedule", "schedule_meeting",
+                                                        "ticket_triage_followup", "share_doc_internal") for s in (1, 2)]
+    return [(env, FaultConfig(rate=0.2, seed=k) if k % 2 else None) for k, env in enumerate(envs)]
+
+
+@pytest.fixture(scope="module")
+def warm_student(tmp_path_factory):
+    """A tiny student fine-tuned on the teacher's episodes of ``_cases``' environments: it calls their tools."""
+    from cowork_pipeline.agents.chat_format import render_conversation
+    from cowork_pipeline.demonstrations import EmbeddedTeacher, _clean
+    from cowork_pipeline.runner import run_episode
+    from cowork_pipeline.training.sft import SFTSettings, train_sft
+    from cowork_pipeline.training.student import StudentConfig, build_student
+
+    demos = []
+    for env, _faults in _cases():
+        traj = run_episode(env, EmbeddedTeacher(env))
+        demos.append({"messages": [_clean(m) for m in traj.messages], "tools": tools_for(env.tools)})
+    base = build_student([render_conversation(d["messages"], d["tools"]) for d in demos], tmp_path_factory.mktemp("base"),
+                         StudentConfig(vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                                       num_kv_heads=1, max_position_embeddings=4096, min_frequency=1, seed=0))
+    return train_sft(base, demos * 2, tmp_path_factory.mktemp("sft"), SFTSettings(
+        max_steps=120, lr=1e-2, batch_size=2, max_length=4096, device="cpu", warmup=0.0)).checkpoint
+
+
+def _admissions(monkeypatch):
+    """The number of live rows each admission found in the batch it joined."""
+    from cowork_pipeline.agents.decoding import Decoding
+
+    seen, admit = [], Decoding.admit
+
+    def counted(self, entries):
+        seen.append(self.live)
+        return admit(self, entries)
+
+    monkeypatch.setattr(Decoding, "admit", counted)
+    return seen
+
+
+def test_episodes_driven_continuously_are_the_episodes_lockstep_runs(warm_student, monkeypatch):
+    """``run_episodes`` hands an HFAgent each episode's next turn as soon as the episode is ready for it: turns join
+    the running batch (multi-turn episodes, faults, tool calls), and every trajectory is the one lockstep rounds
+    give, in fewer decode steps."""
+    from cowork_pipeline.agents.decoding import Decoding
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.runner import Limits, run_episodes
+
+    agent = HFAgent(warm_student, device="cpu", max_new_tokens=64, batch_size=4)
+    cases, limits = _cases(), Limits(max_steps_per_turn=3)
+    steps, step = [0], Decoding.step
+
+    def counted(self):
+        steps[0] += 1
+        return step(self)
+
+    monkeypatch.setattr(Decoding, "step", counted)
+    lockstep = run_episodes(cases, _Lockstep(agent), limits=limits)
+    lockstep_steps, steps[0] = steps[0], 0
+    joined = _admissions(monkeypatch)
+    continuous = run_episodes(cases, agent, limits=limits)
+    assert [t.messages for t in continuous] == [t.messages for t in lockstep]
+    def outcome(t):  # (what the episode did: not how long its tool calls took)
+        return t.termination, [{k: v for k, v in step.items() if k != "seconds"} for step in t.steps], t.faults, t.diff
+
+    assert [outcome(t) for t in continuous] == [outcome(t) for t in lockstep]
+    assert any(t.turns_completed == 2 for t in continuous)  # (multi-turn: the world changed between turns)
+    assert any(t.steps for t in continuous) and any(t.faults for t in continuous)
+    assert any(live for live in joined)  # (turns joined a batch that was decoding)
+    assert steps[0] < lockstep_steps
+
+
+def test_a_decode_step_that_fails_fails_the_turns_in_the_batch_and_the_rest_run_on(warm_student, monkeypatch):
+    """A failure in a decode step ends the episodes whose turns were decoding with ``agent_error``; the episodes
+    that were not start a fresh batch and run to their end."""
+    from cowork_pipeline.agents.decoding import Decoding
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.runner import Limits, run_episodes
+
+    agent = HFAgent(warm_student, device="cpu", max_new_tokens=64, batch_size=4)
+    cases = _cases()
+    calls, step = [0], Decoding.step
+
+    def failing(self):
+        calls[0] += 1
+        if calls[0] == 10:
+            raise RuntimeError("out of memory")
+        return step(self)
+
+    monkeypatch.setattr(Decoding, "step", failing)
+    trajectories = run_episodes(cases, agent, limits=Limits(max_steps_per_turn=3))
+    failed = [t for t in trajectories if t.termination == "agent_error"]
+    assert len(trajectories) == len(cases) and 1 <= len(failed) <= 4
+    assert all("out of memory" in t.termination_detail for t in failed)
+    assert all(t.termination != "agent_error" and t.messages[-1]["role"] != "user" for t in trajectories if t not in failed)

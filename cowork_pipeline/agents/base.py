@@ -33,6 +33,26 @@ class BatchAgent(Agent, Protocol):
     ) -> list[Message | Exception]: ...
 
 
+class Turns(Protocol):
+    """Conversations' turns decoded continuously (``agents/decoding.py``'s): ``submit`` queues a turn under a key,
+    ``step`` advances the decoding and returns ``(key, message or exception)`` for each turn that ended, and
+    ``busy`` says whether any turn is still queued or decoding."""
+
+    busy: bool
+
+    def submit(self, key: Any, messages: Sequence[Message], tools: Sequence[ToolSchema], seed: int | None = None) -> None: ...
+
+    def step(self) -> list[tuple[Any, Message | Exception]]: ...
+
+
+@runtime_checkable
+class ContinuousAgent(Agent, Protocol):
+    """Agents whose decoding turns may join while it runs (HFAgent): ``run_episodes`` hands each episode's next turn
+    over as soon as the episode is ready for it, instead of in lockstep rounds."""
+
+    def turns(self) -> Turns: ...
+
+
 def tool_call(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}

@@ -381,3 +381,81 @@ def _groups(batch: Sequence[_Row]) -> dict[tuple[float, float], list[int]]:
     for j, row in enumerate(batch):
         out.setdefault((row.temperature, row.top_p), []).append(j)
     return out
+
+
+class Turns:
+    """Conversations' next turns decoded continuously, for a driver of many episodes (``runner.run_episodes``): a
+    turn submitted joins the running batch within ``join_every`` decode steps, and its reply comes back as soon as
+    it is done, so that its episode runs its tools and submits its next turn while the others decode. The batch
+    stays full (up to the agent's ``batch_size`` rows), where a lockstep driver decodes each round's batches to
+    their longest turn and then waits for the round's last episode. A row decodes as it would alone, so each reply
+    is the one lockstep gives (greedy; a sampled turn with its own seed draws from its own stream)."""
+
+    def __init__(self, agent: Any, join_every: int = 4) -> None:
+        self.agent, self.join_every = agent, max(1, join_every)
+        self.decoding = self._fresh()
+        self.queue: list[tuple[Any, Any, Any, int | None]] = []
+        self.conversations: dict[Any, tuple[Any, Any]] = {}  # admitted turns not answered yet, by key
+        self.steps = 0
+
+    def _fresh(self) -> Decoding:
+        import torch
+
+        agent = self.agent  # (a sampling agent's rows without a seed of their own share one stream)
+        return agent.decoding(generator=torch.Generator(device=agent.device).manual_seed(agent.seed)
+                              if agent.temperature > 0.0 else None)
+
+    def submit(self, key: Any, messages: Any, tools: Any, seed: int | None = None) -> None:
+        """Queue a conversation's next turn; ``seed``: its own random stream (for a sampling agent)."""
+        self.queue.append((key, messages, tools, seed))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or bool(self.conversations)
+
+    def step(self) -> list[tuple[Any, Any]]:
+        """Admit queued turns where there is room (every ``join_every`` steps, or at once into an empty batch), and
+        draw one token for every row: ``(key, assistant message, or the exception the turn failed with)`` for each
+        turn that ended."""
+        ended: list[tuple[Any, Any]] = []
+        decoding = self.decoding
+        if self.queue and decoding.can_join() and (self.steps % self.join_every == 0 or not decoding.live):
+            self._admit(ended)
+        if decoding.live:
+            self.steps += 1
+            try:
+                finished = decoding.step()
+            except Exception as exc:  # noqa: BLE001 - every turn in the batch fails with it; a new batch starts
+                ended += [(key, exc) for key in self.conversations]
+                self.conversations, self.decoding = {}, self._fresh()
+                return ended
+            for key, ids, out in finished:
+                ended.append((key, self.agent.generation(("chat", *self.conversations.pop(key)), ids, out).message))
+        return ended
+
+    def _admit(self, ended: list[tuple[Any, Any]]) -> None:
+        import torch
+
+        agent = self.agent
+        room = agent.batch_size - self.decoding.live
+        taken, self.queue = self.queue[:room], self.queue[room:]
+        entries = []
+        for key, messages, tools, seed in taken:
+            try:
+                ids = agent.chat_prompt(messages, tools, agent.max_new_tokens)
+                if not isinstance(ids, list):  # (it does not fit: its turn failed, nothing generated)
+                    ended.append((key, ids.message))
+                    continue
+                gen = torch.Generator(device=agent.device).manual_seed(int(seed)) \
+                    if seed is not None and agent.temperature > 0.0 else None
+                entries.append(Prompt(key, ids, agent.matcher(tools), gen))
+            except Exception as exc:  # noqa: BLE001 - this turn's own failure: its episode records it
+                ended.append((key, exc))
+                continue
+            self.conversations[key] = (messages, tools)
+        try:
+            self.decoding.admit(entries)
+        except Exception as exc:  # noqa: BLE001 - these turns fail (the batch is as it was, and goes on)
+            for entry in entries:
+                del self.conversations[entry.key]
+                ended.append((entry.key, exc))

@@ -1,7 +1,7 @@
 """Local Hugging Face model backend (the student, or any causal-LM checkpoint directory).
 
-Generation is a custom batched decode loop (``agents/decoding.py``, which ``cowork serve`` also lets rows join while
-it runs): prompts are left-padded into one batch, prefilled once, then decoded one token per step for the whole
+Generation is a custom batched decode loop (``agents/decoding.py``, which rows may join while it runs: ``cowork
+serve``'s requests, and the turns of episodes ``runner.run_episodes`` drives through ``turns()``): prompts are left-padded into one batch, prefilled once, then decoded one token per step for the whole
 batch against a shared ``DynamicCache`` (KV-cached). The prompt prefix common to
 the whole batch (in rollouts: the system block with the tools list, most of every prompt) is prefilled once and
 its KV copied to every row instead of being recomputed per row. Finished rows are dropped
@@ -430,6 +430,13 @@ class HFAgent:
         return Decoding(self, self.temperature if temperature is None else float(temperature),
                         self.top_p if top_p is None else float(top_p),
                         self.max_new_tokens if max_new is None else int(max_new), top_logprobs, generator, on_token)
+
+    def turns(self, join_every: int = 4) -> Any:
+        """Conversations' turns decoded continuously (``agents/decoding.py``'s ``Turns``), as ``run_episodes``
+        drives many episodes."""
+        from cowork_pipeline.agents.decoding import Turns
+
+        return Turns(self, join_every)
 
     def matcher(self, tools: Sequence[ToolSchema] | None, require_tool_call: bool = False,
                 json_schema: dict[str, Any] | None = None, single_tool_call: bool = False) -> Any:
