@@ -27,19 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-class Lockstep:
-    """The agent without ``turns``: ``run_episodes`` drives it in lockstep rounds."""
-
-    def __init__(self, agent):
-        self.agent, self.name = agent, agent.name
-
-    def act(self, messages, tools):
-        return self.agent.act(messages, tools)
-
-    def act_batch(self, conversations):
-        return self.agent.act_batch(conversations)
-
-
 def cases(n_envs: int, trials: int):
     from cowork_pipeline.capabilities import load_catalog
     from cowork_pipeline.services import FaultConfig
@@ -84,17 +71,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--sft-steps", type=int, default=150, help="fine-tuning steps of the student built without --checkpoint")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
-
-    import torch
 
     from cowork_pipeline.agents import decoding as decoding_module
     from cowork_pipeline.agents.hf_agent import HFAgent
     from cowork_pipeline.runner import run_episodes
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     episodes = cases(args.envs, args.trials)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint
@@ -113,16 +95,16 @@ def main() -> None:
             return step(self)
 
         decoding_module.Decoding.step = counted
-        drivers = {"lockstep (baseline)": Lockstep(agent), "continuous": agent}
+        drivers = {"lockstep (baseline)": True, "continuous": False}
         best: dict[str, float] = {}
         stats: dict[str, tuple[int, float]] = {}
         outcomes: dict[str, list] = {}
         for _ in range(args.repeats):
-            for name, driver in drivers.items():
+            for name, lockstep in drivers.items():
                 agent.clear_prefix_cache()  # (each run starts cold, as a fresh evaluation does)
                 counts.update(steps=0, rows=0)
                 t0 = time.perf_counter()
-                trajectories = run_episodes(episodes, driver)
+                trajectories = run_episodes(episodes, agent, lockstep=lockstep)
                 best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
                 stats[name] = (counts["steps"], counts["rows"] / max(counts["steps"], 1) / args.batch)
                 outcomes[name] = [(t.messages, t.termination, [{k: v for k, v in s.items() if k != "seconds"}

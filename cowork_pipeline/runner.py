@@ -147,13 +147,15 @@ def run_episodes(
     limits: Limits = Limits(),
     user: UserSimulator | None = None,
     seeds: Sequence[int] | None = None,
+    lockstep: bool = False,
 ) -> list[Trajectory]:
     """Run many episodes together. An agent that decodes turns continuously (``turns()``, HFAgent's) gets each
     episode's next turn as soon as the episode is ready for it; otherwise episodes run in lockstep, so that a
     batching agent (``act_batch``) generates for all at once. ``seeds``: each episode's own, handed to an agent that
     samples each episode from its own seed (``per_episode_seeds``: ``act_batch(conversations, seeds=...)``; a
     continuous agent's sampled turns draw from streams seeded by it), so that trials of one environment are not
-    one sample repeated."""
+    one sample repeated. ``lockstep``: rounds even for an agent that can decode turns continuously (the baseline
+    ``bench_episodes.py`` measures it against)."""
     name = getattr(agent, "name", type(agent).__name__)
     gens = [episode(env, name, faults=f, limits=limits, user=user) for env, f in cases]
     out: list[Trajectory | None] = [None] * len(gens)
@@ -163,7 +165,7 @@ def run_episodes(
             pending[i] = next(g)
         except StopIteration as stop:
             out[i] = stop.value
-    if callable(getattr(agent, "turns", None)):
+    if not lockstep and callable(getattr(agent, "turns", None)):
         return _run_continuously(gens, out, pending, agent.turns(), seeds)
     batch_fn = getattr(agent, "act_batch", None)
     seeded = batch_fn is not None and seeds is not None and getattr(agent, "per_episode_seeds", False)

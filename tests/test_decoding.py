@@ -182,19 +182,6 @@ def test_a_join_that_fails_leaves_the_running_batch_as_it_was(student, monkeypat
     assert [got[i].completion_ids for i in (0, 1, 3)] == [a.completion_ids for a in alone]
 
 
-class _Lockstep:
-    """The agent without ``turns``: ``run_episodes`` drives it in lockstep rounds."""
-
-    def __init__(self, agent):
-        self.agent, self.name = agent, agent.name
-
-    def act(self, messages, tools):
-        return self.agent.act(messages, tools)
-
-    def act_batch(self, conversations):
-        return self.agent.act_batch(conversations)
-
-
 def _cases():
     from cowork_pipeline.capabilities import load_catalog
     from cowork_pipeline.services import FaultConfig
@@ -257,7 +244,7 @@ def test_episodes_driven_continuously_are_the_episodes_lockstep_runs(warm_studen
         return step(self)
 
     monkeypatch.setattr(Decoding, "step", counted)
-    lockstep = run_episodes(cases, _Lockstep(agent), limits=limits)
+    lockstep = run_episodes(cases, agent, limits=limits, lockstep=True)
     lockstep_steps, steps[0] = steps[0], 0
     joined = _admissions(monkeypatch)
     continuous = run_episodes(cases, agent, limits=limits)
