@@ -1,12 +1,12 @@
 """Local Hugging Face model backend (the student, or any causal-LM checkpoint directory).
 
 Generation is a custom batched decode loop (``agents/decoding.py``, which rows may join while it runs: ``cowork
-serve``'s requests, and the turns of episodes ``runner.run_episodes`` drives through ``turns()``): prompts are left-padded into one batch, prefilled once, then decoded one token per step for the whole
-batch against a shared ``DynamicCache`` (KV-cached). The prompt prefix common to
-the whole batch (in rollouts: the system block with the tools list, most of every prompt) is prefilled once and
-its KV copied to every row instead of being recomputed per row. Finished rows are dropped
-from the batch (and the cache) as soon as half of them are done, so a long straggler does not keep paying for the
-rest. Each sequence stops at ``<|im_end|>`` (or ``<|endoftext|>`` / the checkpoint's eos ids).
+serve``'s requests, and the turns of episodes ``runner.run_episodes`` drives through ``turns()``): prompts are
+left-padded into one batch, prefilled once, then decoded one token per step for the whole batch against a shared
+``DynamicCache`` (KV-cached). The prompt prefix common to the whole batch (in rollouts: the system block with the
+tools list, most of every prompt) is prefilled once and its KV copied to every row instead of being recomputed per
+row. Finished rows are dropped from the batch (and the cache) as soon as half of them are done, so a long straggler
+does not keep paying for the rest. Each sequence stops at ``<|im_end|>`` (or ``<|endoftext|>`` / the checkpoint's eos ids).
 
 KV reuse (``prefix_cache_mb``, ``agents/prefix_cache.py``): the KV of every finished generation is kept, and the
 next step of the same conversation (its prompt extends the previous prompt) prefills only its new tokens. Decode
