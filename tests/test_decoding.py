@@ -282,3 +282,18 @@ def test_a_decode_step_that_fails_fails_the_turns_in_the_batch_and_the_rest_run_
     assert len(trajectories) == len(cases) and 1 <= len(failed) <= 4
     assert all("out of memory" in t.termination_detail for t in failed)
     assert all(t.termination != "agent_error" and t.messages[-1]["role"] != "user" for t in trajectories if t not in failed)
+
+
+def test_a_sampled_episode_is_the_same_whatever_it_is_batched_with(warm_student):
+    """A sampling student's turns draw from streams seeded by their episode's seed and the turn's number: an
+    episode's sample does not depend on the batch it decodes in, and episodes with other seeds sample differently."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.runner import Limits, run_episodes
+
+    cases, limits = _cases()[:6], Limits(max_steps_per_turn=3)
+    seeds = list(range(100, 106))
+    samples = [[t.messages for t in run_episodes(cases, HFAgent(warm_student, device="cpu", max_new_tokens=48,
+                                                                  temperature=1.0, batch_size=batch), limits=limits, seeds=s)]
+               for batch, s in ((4, seeds), (2, seeds), (4, [s + 50 for s in seeds]))]
+    assert samples[0] == samples[1]
+    assert samples[0] != samples[2]

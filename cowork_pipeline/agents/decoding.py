@@ -272,11 +272,12 @@ class Decoding:
                 samp = torch.log_softmax(logits / temperature, dim=-1)
                 if top_p < 1.0:
                     samp = _top_p_filter(samp, top_p)
-                if self.generator is not None:
+                if self.generator is not None and all(row.gen is None for row in batch):
                     tok = torch.multinomial(samp.exp(), 1, generator=self.generator).squeeze(-1)
-                else:  # a random stream per row (generate's seeds)
+                else:  # a random stream per row (generate's seeds; the batch's for a row without one)
                     probs = samp.exp()
-                    tok = torch.cat([torch.multinomial(probs[j], 1, generator=row.gen) for j, row in enumerate(batch)])
+                    tok = torch.cat([torch.multinomial(probs[j], 1, generator=row.gen or self.generator)
+                                     for j, row in enumerate(batch)])
                 samp_logp = samp.gather(-1, tok[:, None]).squeeze(-1)
             tok_lp = raw_logp.gather(-1, tok[:, None]).squeeze(-1)
             if top_k:  # (of the raw distribution, as logprobs; size-padding rows are masked above)
