@@ -231,11 +231,13 @@ def test_episodes_driven_continuously_are_the_episodes_lockstep_runs(warm_studen
     """``run_episodes`` hands an HFAgent each episode's next turn as soon as the episode is ready for it: turns join
     the running batch (multi-turn episodes, faults, tool calls), and every trajectory is the one lockstep rounds
     give, in fewer decode steps."""
+    from cowork_pipeline.agents import ContinuousAgent
     from cowork_pipeline.agents.decoding import Decoding
     from cowork_pipeline.agents.hf_agent import HFAgent
     from cowork_pipeline.runner import Limits, run_episodes
 
     agent = HFAgent(warm_student, device="cpu", max_new_tokens=64, batch_size=4)
+    assert isinstance(agent, ContinuousAgent)
     cases, limits = _cases(), Limits(max_steps_per_turn=3)
     steps, step = [0], Decoding.step
 

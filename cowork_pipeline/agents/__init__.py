@@ -1,4 +1,4 @@
 """Agents (policies): anything with ``act(messages, tools) -> assistant message``."""
-from cowork_pipeline.agents.base import Agent, BatchAgent, assistant_message, tool_call
+from cowork_pipeline.agents.base import Agent, BatchAgent, ContinuousAgent, assistant_message, tool_call
 
-__all__ = ["Agent", "BatchAgent", "assistant_message", "tool_call"]
+__all__ = ["Agent", "BatchAgent", "ContinuousAgent", "assistant_message", "tool_call"]

@@ -33,7 +33,7 @@ class BatchAgent(Agent, Protocol):
     ) -> list[Message | Exception]: ...
 
 
-class Turns(Protocol):
+class ContinuousTurns(Protocol):
     """Conversations' turns decoded continuously (``agents/decoding.py``'s): ``submit`` queues a turn under a key,
     ``step`` advances the decoding and returns ``(key, message or exception)`` for each turn that ended, and
     ``busy`` says whether any turn is still queued or decoding."""
@@ -50,7 +50,7 @@ class ContinuousAgent(Agent, Protocol):
     """Agents whose decoding turns may join while it runs (HFAgent): ``run_episodes`` hands each episode's next turn
     over as soon as the episode is ready for it, instead of in lockstep rounds."""
 
-    def turns(self) -> Turns: ...
+    def turns(self) -> ContinuousTurns: ...
 
 
 def tool_call(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:

@@ -128,7 +128,7 @@ def _count_tool_calls(messages: Sequence[Message]) -> int:
 
 
 class HFAgent:
-    """``Agent`` / ``BatchAgent`` backed by a local checkpoint directory."""
+    """``Agent`` / ``BatchAgent`` / ``ContinuousAgent`` backed by a local checkpoint directory."""
 
     def __init__(
         self,
