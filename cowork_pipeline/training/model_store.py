@@ -6,9 +6,13 @@ and reuses it while the store holds the same files. What makes a store folder wh
 every file's size and SHA-256. An upload removes the old manifest before it copies anything, so a reader never takes
 a folder mid-upload for a whole one, and :func:`fetch` checks every file it downloads against the manifest.
 
-Files move through ``pyarrow.fs`` (already a dependency of the lake); S3 settings are read from the lake's Delta
-``storage_options`` (the same keys: ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``, ``AWS_REGION``, credentials), and
-whatever they leave out from the environment, as delta-rs does."""
+Files move through ``pyarrow.fs`` (already a dependency of the lake). Its S3 and Azure settings are read from the
+lake's Delta ``storage_options``, under the same keys delta-rs reads (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...;
+``account_name``, ``account_key``, ``sas_token``, ``client_id``/``client_secret``/``tenant_id``, ``use_emulator``,
+...), and whatever they leave out from the same environment variables, so that checkpoints go where the tables go
+with the credentials the tables use. Google Cloud Storage takes Google's default credentials
+(``GOOGLE_APPLICATION_CREDENTIALS``), which delta-rs reads too; a service-account key given only in the storage
+options is an error naming the variable to set, since pyarrow cannot take it."""
 from __future__ import annotations
 
 import hashlib
@@ -30,20 +34,98 @@ class ModelStoreError(RuntimeError):
 
 
 def _option(options: Mapping[str, str], *names: str) -> str | None:
-    """The first of ``names`` the storage options set (any case), else the first AWS_* variable among them."""
+    """The first of ``names`` the storage options set (any case), else the first AWS_*/AZURE_* variable among
+    them (the variables delta-rs falls back on)."""
     lower = {k.lower(): v for k, v in options.items()}
-    for value in [lower.get(n.lower()) for n in names] + [os.environ.get(n.upper()) for n in names if n.startswith("aws_")]:
+    env = [os.environ.get(n.upper()) for n in names if n.startswith(("aws_", "azure_"))]
+    for value in [lower.get(n.lower()) for n in names] + env:
         if value:
             return str(value)
     return None
 
 
+# Azurite's well-known development account (what delta-rs uses with use_emulator and no credentials).
+_AZURITE_ACCOUNT = "devstoreaccount1"
+_AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+_AZURE_SCHEMES = ("az", "azure", "adl", "abfs", "abfss")
+
+
+def _azure(parsed, opts: Mapping[str, str]):
+    """pyarrow's AzureFileSystem and the path in it for an Azure URI, configured from delta-rs's Azure keys: the
+    URI forms delta-rs reads (``az://container/path``, ``abfss://container@account.dfs.core.windows.net/path``)."""
+    import pyarrow.fs as pafs
+
+    container, account = parsed.hostname or "", None
+    if parsed.username:  # the Hadoop form: <container>@<account>.dfs.core.windows.net
+        container, host = parsed.username, parsed.hostname or ""
+        if ".dfs." not in host and ".blob." not in host:
+            raise ModelStoreError(f"cannot read the Azure URI {parsed.geturl()}: expected "
+                                  "<container>@<account>.dfs.core.windows.net")
+        account = host.split(".", 1)[0]
+    if not container:
+        raise ModelStoreError(f"the Azure URI {parsed.geturl()} names no container")
+    account = account or _option(opts, "azure_storage_account_name", "account_name")
+    kwargs: dict = {}
+    emulator = (_option(opts, "azure_storage_use_emulator", "use_emulator") or "").lower() == "true"
+    endpoint = _option(opts, "azure_storage_endpoint", "azure_endpoint", "endpoint")
+    if emulator:  # as delta-rs: the emulator's address comes from AZURITE_BLOB_STORAGE_URL, never the endpoint
+        endpoint = os.environ.get("AZURITE_BLOB_STORAGE_URL") or "http://127.0.0.1:10000"
+        account = account or _AZURITE_ACCOUNT
+    if not account:
+        raise ModelStoreError(f"{parsed.geturl()}: name the storage account (account_name in the lake's "
+                              "storage_options, or AZURE_STORAGE_ACCOUNT_NAME)")
+    if endpoint:
+        ep = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        host = ep.netloc
+        # <account>.blob.<cloud> (another cloud) is pyarrow's ".blob.<cloud>" authority; any other host is an
+        # emulator's, the account then the first segment of the path, as pyarrow (and Azurite) place it.
+        authority = host[len(account):] if host.lower().startswith(f"{account.lower()}.") else host
+        kwargs.update(blob_storage_authority=authority, blob_storage_scheme=ep.scheme,
+                      dfs_storage_authority=authority.replace(".blob.", ".dfs."), dfs_storage_scheme=ep.scheme)
+    key = _option(opts, "azure_storage_account_key", "azure_storage_access_key", "azure_storage_master_key",
+                  "account_key", "access_key", "master_key")
+    sas = _option(opts, "azure_storage_sas_key", "azure_storage_sas_token", "sas_key", "sas_token")
+    client = {name: _option(opts, *names) for name, names in (
+        ("client_id", ("azure_storage_client_id", "azure_client_id", "client_id")),
+        ("client_secret", ("azure_storage_client_secret", "azure_client_secret", "client_secret")),
+        ("tenant_id", ("azure_storage_tenant_id", "azure_storage_authority_id", "azure_tenant_id",
+                       "azure_authority_id", "tenant_id", "authority_id")))}
+    if emulator:  # as delta-rs: the emulator takes an account key, Azurite's well-known one unless given
+        key = key or _AZURITE_KEY
+    # the credential delta-rs would take, in its order of precedence
+    if _option(opts, "azure_storage_token", "bearer_token", "token"):
+        raise ModelStoreError(f"{parsed.geturl()}: a bearer token cannot be handed to pyarrow, which moves the "
+                              "checkpoints; give an account key, a SAS token or a client id and secret instead")
+    if key:
+        kwargs["account_key"] = key
+    elif all(client.values()):  # a service principal
+        kwargs.update(client)
+    elif sas:
+        kwargs["sas_token"] = sas.lstrip("?")
+    elif client["client_id"]:  # a user-assigned managed identity
+        kwargs["client_id"] = client["client_id"]
+    # else pyarrow's DefaultAzureCredential (environment, workload or managed identity, Azure CLI)
+    path = f"{container}{parsed.path}".rstrip("/")
+    return pafs.AzureFileSystem(account_name=account, **kwargs), path
+
+
 def filesystem(uri: str, storage_options: Mapping[str, str] | None = None):
-    """(pyarrow filesystem, path inside it) for ``uri``: s3:// (and s3a://) with the Delta storage options, any
-    other scheme pyarrow knows (gs://, ...) with its default credentials."""
+    """(pyarrow filesystem, path inside it) for ``uri``: s3:// (and s3a://) and Azure's schemes with the Delta
+    storage options, any other scheme pyarrow knows (gs://, ...) with its default credentials."""
     import pyarrow.fs as pafs
 
     parsed = urlparse(uri)
+    if parsed.scheme in _AZURE_SCHEMES:
+        return _azure(parsed, storage_options or {})
+    if parsed.scheme in ("gs", "gcs"):
+        given = sorted(k for k in (storage_options or {}) if k.lower().removeprefix("google_") in (
+            "service_account", "service_account_path", "service_account_key", "application_credentials"))
+        if given:
+            raise ModelStoreError(f"{uri}: checkpoints move through pyarrow, which takes Google's default "
+                                  f"credentials only: point GOOGLE_APPLICATION_CREDENTIALS at the key file "
+                                  f"instead of the storage option {given[0]} (delta-rs reads it too)")
+        fs, path = pafs.FileSystem.from_uri(f"gs://{parsed.netloc}{parsed.path}")
+        return fs, path.rstrip("/")
     if parsed.scheme in ("s3", "s3a"):
         opts = storage_options or {}
         kwargs: dict = {}
