@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _flaky import Flaky
 from cowork_pipeline.services import tools_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
@@ -182,6 +183,68 @@ def test_a_join_that_fails_leaves_the_running_batch_as_it_was(student, monkeypat
     assert [got[i].completion_ids for i in (0, 1, 3)] == [a.completion_ids for a in alone]
 
 
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "greedy"])
+def test_rows_of_a_step_out_of_memory_go_on_in_a_smaller_batch_and_end_as_they_would_have(student, sampled):
+    """A decode step that fails takes the batch's rows out, each with what it drew, and they decode on in batches
+    of half the size, prefilled again (here that prefill fails too, and the batch halves again): every row's
+    tokens and log-probs are those it gets alone, from its own random stream or greedily, under the tools'
+    grammar, to its own limit. A resumed row's KV, kept when it is done, continues its conversation."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student, device="cpu", max_new_tokens=24)
+    full = HFAgent(student, device="cpu", max_new_tokens=24, prefix_cache_mb=0)
+    convs, limits = conversations(6), [24, 5, 18, 9, 24, 14]
+    temperature = 1.0 if sampled else 0.0
+    alone = [full.generate([(c, TOOLS)], temperature=temperature, max_new_tokens=n,
+                           **({"seeds": [100 + i]} if sampled else {}))[0]
+             for i, (c, n) in enumerate(zip(convs, limits))]
+    flaky = agent.model = Flaky(agent.model, rows=2)
+    decoding = agent.decoding(temperature=temperature)
+    decoding.admit([(i, agent.chat_prompt(convs[i], TOOLS, limits[i]), agent.matcher(TOOLS),
+                     torch.Generator().manual_seed(100 + i) if sampled else None, limits[i]) for i in range(6)])
+    flaky.armed = True
+    got = {}
+    while decoding.live:
+        for i, ids, out in decoding.step():
+            assert not isinstance(out, Exception), out
+            got[i] = agent.generation(("chat", convs[i], TOOLS), ids, out)
+    # (six rows' step failed; three rows' prefill failed; then one row at a time)
+    assert [f[0] for f in flaky.failures] == [6, 3] and flaky.failures[0][1] == 1 and decoding.cap == 1
+    for i, a in enumerate(alone):
+        assert got[i].completion_ids == a.completion_ids, i
+        assert got[i].finish_reason == a.finish_reason and got[i].message == a.message
+        assert got[i].logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    # a resumed row's conversation goes on from the KV kept when it was done (prompt and tokens prefilled
+    # together, then the tokens it fed): the answer a full prefill gives
+    k = max(range(6), key=lambda i: len(got[i].completion_ids))
+    nxt = convs[k] + [{"role": "assistant", "content": got[k].text}, {"role": "user", "content": "and then?"}]
+    flaky.armed, hits = False, agent._prefix_cache.hits
+    assert agent.generate([(nxt, TOOLS)])[0].completion_ids == full.generate([(nxt, TOOLS)])[0].completion_ids
+    assert agent._prefix_cache.hits == hits + 1
+
+
+def test_a_row_that_fails_alone_fails_and_nothing_loops(student):
+    """A step that fails however few rows it has (not memory: a broken device, say) fails each row once it fails
+    alone, with the error, after halving the batch down to one row; ``generate`` raises it."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student, device="cpu", max_new_tokens=12, prefix_cache_mb=0)
+    convs = conversations(4)
+    flaky = agent.model = Flaky(agent.model, rows=0)
+    decoding = agent.decoding()
+    decoding.admit([(i, agent.chat_prompt(c, TOOLS, 12), agent.matcher(TOOLS)) for i, c in enumerate(convs)])
+    flaky.armed = True
+    ended = {}
+    while decoding.live:
+        ended.update((i, out) for i, _ids, out in decoding.step())
+    assert sorted(ended) == [0, 1, 2, 3]
+    assert all(isinstance(out, RuntimeError) and "out of memory" in str(out) for out in ended.values())
+    # (the step of four rows; the prefill of two, in the prompt prefix they share, prefilled once; each row's own)
+    assert [f[0] for f in flaky.failures] == [4, 1, 1, 1, 1, 1]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        agent.generate([(c, TOOLS) for c in convs[:2]])
+
+
 def _cases():
     from cowork_pipeline.capabilities import load_catalog
     from cowork_pipeline.services import FaultConfig
@@ -284,6 +347,22 @@ def test_a_decode_step_that_fails_fails_the_turns_in_the_batch_and_the_rest_run_
     assert len(trajectories) == len(cases) and 1 <= len(failed) <= 4
     assert all("out of memory" in t.termination_detail for t in failed)
     assert all(t.termination != "agent_error" and t.messages[-1]["role"] != "user" for t in trajectories if t not in failed)
+
+
+def test_episodes_whose_steps_run_out_of_memory_are_the_episodes_lockstep_runs(warm_student):
+    """Turns whose decode step fails (the device out of memory past two rows) decode on in a smaller batch: every
+    episode is the one lockstep rounds give without the failures."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.runner import Limits, run_episodes
+
+    agent = HFAgent(warm_student, device="cpu", max_new_tokens=64, batch_size=4)
+    cases, limits = _cases(), Limits(max_steps_per_turn=3)
+    lockstep = run_episodes(cases, agent, limits=limits, lockstep=True)
+    flaky = agent.model = Flaky(agent.model, rows=2, decode_only=True)
+    flaky.armed = True
+    continuous = run_episodes(cases, agent, limits=limits)
+    assert flaky.failures and all(t.termination != "agent_error" for t in continuous)
+    assert [(t.messages, t.termination, t.diff) for t in continuous] == [(t.messages, t.termination, t.diff) for t in lockstep]
 
 
 def test_a_sampled_episode_is_the_same_whatever_it_is_batched_with(warm_student):

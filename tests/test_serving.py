@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from cowork_pipeline.agents.base import assistant_message, tool_call
 from cowork_pipeline.serving.server import make_app
+from _flaky import Flaky
 from _servers import running
 
 MAIL_SEND = {"type": "function", "function": {
@@ -1151,3 +1152,36 @@ def test_a_request_that_cannot_join_fails_alone(student_checkpoint):
         assert got[0][3].completion_ids == alone[3].completion_ids and got[0][0] == alone[0]
     assert len(whole[0][3].completion_ids) > 20
     assert all(not fanout.targets for fanout in seen)
+
+
+def test_a_step_out_of_memory_answers_every_request_in_a_smaller_batch(student_checkpoint):
+    """A decode step that fails (the device out of memory past two rows) fails no request: the batch's rows go on
+    in batches of at most half as many, each answer the one it gets alone, a sampled one from its seed's stream,
+    and a streamed answer's text is its whole answer, nothing sent twice."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student_checkpoint, device="cpu", max_new_tokens=64, prefix_cache_mb=0)
+    conv, done = [{"role": "user", "content": "Please send the team an update."}], _demos(1)[0]["messages"][:4]
+    asks = [dict(messages=conv, tools=[MAIL_SEND], max_tokens=64), dict(messages=conv, tools=[MAIL_SEND], max_tokens=24),
+            dict(messages=conv, tools=[MAIL_SEND], max_tokens=48, temperature=1.0, seed=5),
+            dict(messages=done, tools=[MAIL_SEND])]
+    with running(make_app(agent, model_name="student")) as base:
+        api = client(base)
+        alone = [api.chat.completions.create(model="student", **ask).choices[0].message for ask in asks]
+        flaky = agent.model = Flaky(agent.model, rows=2, decode_only=True)
+        flaky.armed = True
+
+        def ask(i: int):
+            if i < 3:
+                return api.chat.completions.create(model="student", **asks[i]).choices[0].message
+            return "".join(c.choices[0].delta.content or "" for c in
+                           api.chat.completions.create(model="student", stream=True, **asks[i]) if c.choices)
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(ask, range(4)))
+    assert flaky.failures and max(f[0] for f in flaky.failures) > 2  # (the batch of more than two rows failed)
+    for g, a in zip(got[:3], alone[:3]):
+        assert g.content == a.content and g.tool_calls == a.tool_calls
+    assert got[3] == alone[3].content == "Sent."

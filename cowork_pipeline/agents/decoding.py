@@ -10,6 +10,11 @@ right-aligned to the batch's current width. A joining group is prefilled alone, 
 left to one width and stacked. Padding columns are masked; positions count real tokens only, and the pointer
 memory skips padding, so a row decodes as it would alone. Columns no row attends any more (left by rows that
 finished) are trimmed when a group joins.
+
+A decode step that fails (the device out of memory, say) fails no row that can still be decoded: the batch's rows
+are taken out of it, each with what it drew, and decoded on in a batch of half the size, prefilled again with
+their prompts and tokens so far, so that each row ends as it would have (its grammar, random stream and limits
+are its own). Only a row that fails alone fails, with the error. What was streamed stays streamed.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ class _Row:
     done: bool = False
     prompt_cols: Any = None  # cache columns holding its prompt
     gen0: int = 0  # cache column of its first fed completion token
+    resumed: int = 0  # its tokens prefilled with its prompt (after a failed step took it out of the batch)
 
     def result(self) -> tuple[list[int], list[float], list[float], bool, list[list[tuple[int, float]]], bool]:
         return self.comps, self.lps, self.slps, self.stopped, self.tops, self.ended
@@ -79,6 +85,8 @@ class Decoding:
         self.next_pos: Any = None
         self.logits: Any = None
         self.bitmask: Any = None
+        self.suspended: list[_Row] = []  # rows a failed step took out of the batch, to be prefilled again first
+        self.cap: int | None = None  # the most rows the batch holds, once a step failed (halved at each failure)
 
     @property
     def size(self) -> int:
@@ -87,7 +95,12 @@ class Decoding:
 
     @property
     def live(self) -> int:
-        return sum(not row.done for row in self.batch)
+        """Rows not finished: in the batch, or waiting to go back into it after a failed step."""
+        return sum(not row.done for row in self.batch) + len(self.suspended)
+
+    def room(self, most: int) -> int:
+        """How many rows may be admitted to a batch of at most ``most`` rows (fewer once a step failed)."""
+        return max(0, min(most, self.cap or most) - self.live)
 
     def can_join(self) -> bool:
         """Whether rows may join a running batch (a sliding-window cache layer keeps only a window of columns)."""
@@ -102,16 +115,8 @@ class Decoding:
         batch is theirs; later: they join it). Rows in one batch may sample differently (greedy beside sampled,
         other temperatures, top_p and numbers of top log-probs). An admission that fails (its prefill out of
         memory, say) raises and leaves the batch as it was, to decode on without these rows."""
-        import torch
-
         if not entries:
             return
-        if any(row.done for row in self.batch):
-            # Rows that finished leave first: their KV goes to the prefix cache, where a joining row that
-            # continues their conversation (the client's next step) finds it. (The batch sheds them as the
-            # newcomers are stacked under it: one copy of the cache, not two.)
-            with torch.inference_mode():
-                self._save([j for j, row in enumerate(self.batch) if row.done])
         new = []
         for entry in entries:
             p = Prompt(*entry)
@@ -120,10 +125,23 @@ class Decoding:
                             self.temperature if p.temperature is None else float(p.temperature),
                             self.top_p if p.top_p is None else float(p.top_p),
                             self.top_logprobs if p.top_logprobs is None else int(p.top_logprobs)))
-        cache, full_attn, width, next_pos, logits, cols = self._prefill([row.prompt for row in new],
-                                                                        max(row.limit for row in new), not self.batch)
+        self._admit_rows(new)
+
+    def _admit_rows(self, new: list[_Row]) -> None:
+        """:meth:`admit` these rows: new ones, or rows a failed step took out, prefilled with what they drew."""
+        import torch
+
+        if any(row.done for row in self.batch):
+            # Rows that finished leave first: their KV goes to the prefix cache, where a joining row that
+            # continues their conversation (the client's next step) finds it. (The batch sheds them as the
+            # newcomers are stacked under it: one copy of the cache, not two.)
+            with torch.inference_mode():
+                self._save([j for j, row in enumerate(self.batch) if row.done])
+        # (a row taken out by a failed step is prefilled with its tokens so far, the last one drawn not yet fed)
+        cache, full_attn, width, next_pos, logits, cols = self._prefill(
+            [row.prompt + row.comps for row in new], max(row.limit - len(row.comps) for row in new), not self.batch)
         for row, c in zip(new, cols):
-            row.prompt_cols, row.gen0 = c, width
+            row.prompt_cols, row.gen0, row.resumed = c, width, len(row.comps)
         if not self.batch:
             self.cache, self.full_attn, self.cur = cache, full_attn, width
             self.batch, self.next_pos, self.logits = new, next_pos, logits
@@ -242,12 +260,16 @@ class Decoding:
     def step(self) -> list[tuple[Any, list[int], tuple]]:
         """Draw one token for every row in the batch; ``(key, prompt ids, result)`` for each row this finished (a
         stop token, the listener, or the row's most tokens), the result as ``(tokens, raw log-probs, sampling
-        log-probs, ended by a stop token, top alternatives, ended by the listener)``. Once no row is left the
-        batch is empty (its KV kept for reuse), and may be admitted to afresh."""
+        log-probs, ended by a stop token, top alternatives, ended by the listener)``, or for a row that failed
+        alone after a failed step (:meth:`_take_out`) the exception. Once no row is left the batch is empty (its
+        KV kept for reuse), and may be admitted to afresh."""
         import torch
 
         from cowork_pipeline.agents.hf_agent import _top_p_filter
 
+        failed = self._resume() if self.suspended else []
+        if not self.batch:
+            return failed
         agent, logits, batch = self.agent, self.logits, self.batch
         temperature, top_p, top_k = batch[0].temperature, batch[0].top_p, max(row.top_k for row in batch)
         alike = all(row.temperature == temperature and row.top_p == top_p for row in batch)
@@ -285,7 +307,7 @@ class Decoding:
                 top_l = [list(zip(i_, v_)) for i_, v_ in zip(top_i.tolist(), top_v.tolist())]
             done_l = torch.isin(tok, self.stop).tolist()
             tok_l, lp_l, slp_l = tok.tolist(), tok_lp.tolist(), samp_logp.tolist()
-            finished = []
+            finished = failed
             for j, row in enumerate(batch):
                 if row.done:
                     continue  # finished earlier; only kept in the batch because compaction was not worth it
@@ -321,12 +343,53 @@ class Decoding:
             self.cur += 1
             if self.cur > self.full_attn.shape[1]:  # (rows that joined later decode past the planned room)
                 self.full_attn = torch.cat([self.full_attn, torch.ones_like(self.full_attn)], 1)
-            out = agent.model(input_ids=tok[:, None], attention_mask=self.full_attn[:, : self.cur],
-                              position_ids=self.next_pos[:, None],
-                              **{agent._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1})
+            try:
+                out = agent.model(input_ids=tok[:, None], attention_mask=self.full_attn[:, : self.cur],
+                                  position_ids=self.next_pos[:, None],
+                                  **{agent._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1})
+            except Exception as exc:  # noqa: BLE001 - the rows go on in a smaller batch; one that fails alone fails
+                return finished + self._take_out(exc)
             self.logits = out.logits[:, -1, :].float()
             self.next_pos = self.next_pos + 1
         return finished
+
+    # --- a failed step ---------------------------------------------------------------------------------------
+    def _take_out(self, exc: Exception) -> list[tuple[Any, list[int], Any]]:
+        """After a decode step failed: the batch is dropped (its cache may be half-written) and its unfinished
+        rows wait to be prefilled again, in batches of at most half as many rows. A row that was alone fails:
+        ``(key, prompt ids, the exception)``."""
+        live = [row for row in self.batch if not row.done]
+        self.batch, self.cache, self.full_attn, self.next_pos, self.logits, self.cur = [], None, None, None, None, 0
+        _free_device_memory()
+        if len(live) == 1:  # (alone: no smaller batch to try)
+            return [(live[0].key, live[0].prompt, exc)]
+        self.cap = max(1, min(self.cap or len(live), len(live)) // 2)
+        self.suspended = live + self.suspended
+        return []
+
+    def _resume(self) -> list[tuple[Any, list[int], Any]]:
+        """Put rows a failed step took out back into the batch, as many at a time as it may hold (halving that
+        where their prefill fails too). A row whose prefill fails with no other row in the batch fails:
+        ``(key, prompt ids, the exception)``."""
+        failed: list[tuple[Any, list[int], Any]] = []
+        while self.suspended and (not self.batch or self.can_join()):
+            in_batch = sum(not row.done for row in self.batch)
+            room = (self.cap or len(self.suspended)) - in_batch
+            if room <= 0:
+                break
+            group = self.suspended[:room]
+            try:
+                self._admit_rows(group)
+            except Exception as exc:  # noqa: BLE001 - the batch is as it was (admission is atomic)
+                _free_device_memory()
+                if len(group) == 1 and not in_batch:
+                    row = self.suspended.pop(0)
+                    failed.append((row.key, row.prompt, exc))
+                else:
+                    self.cap = max(1, (in_batch + len(group)) // 2)
+                continue
+            del self.suspended[: len(group)]
+        return failed
 
     def _drawn_per_row(self, logits: Any) -> tuple[Any, Any]:
         """(token, sampling log-prob) for a batch whose rows sample differently: each greedy row's likeliest
@@ -369,11 +432,20 @@ class Decoding:
             return
         for b in positions:
             row = self.batch[b]
-            fed = max(len(row.comps) - 1, 0)  # (all but the last completion token were fed)
+            # (all but the last completion token were fed; those before `resumed` with the prompt)
+            fed = max(len(row.comps) - 1 - row.resumed, 0)
             cols = torch.cat([row.prompt_cols, torch.arange(row.gen0, row.gen0 + fed)]).to(self.dev)
             layers = [(layer.keys[b].index_select(1, cols), layer.values[b].index_select(1, cols))
                       for layer in self.cache.layers]
             agent._prefix_cache.put(row.prompt + row.comps[:-1], len(row.prompt), layers)
+
+
+def _free_device_memory() -> None:
+    """Give back the cached blocks a failed step's tensors held (an allocator out of memory may keep them)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _groups(batch: Sequence[_Row]) -> dict[tuple[float, float], list[int]]:
@@ -431,14 +503,17 @@ class Turns:
                 self.conversations, self.decoding = {}, self._fresh()
                 return ended
             for key, ids, out in finished:
-                ended.append((key, self.agent.generation(("chat", *self.conversations.pop(key)), ids, out).message))
+                turn = self.conversations.pop(key)
+                # (a row that failed alone, after a failed step: its turn fails, the others decode on)
+                ended.append((key, out if isinstance(out, Exception) else
+                              self.agent.generation(("chat", *turn), ids, out).message))
         return ended
 
     def _admit(self, ended: list[tuple[Any, Any]]) -> None:
         import torch
 
         agent = self.agent
-        room = agent.batch_size - self.decoding.live
+        room = self.decoding.room(agent.batch_size)
         taken, self.queue = self.queue[:room], self.queue[room:]
         entries = []
         for key, messages, tools, seed in taken:

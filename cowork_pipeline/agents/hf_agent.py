@@ -416,7 +416,10 @@ class HFAgent:
                          generator[r] if isinstance(generator, list) else None) for r, ids in enumerate(prompts)])
         outs: dict[int, tuple] = {}
         while decoding.live:
-            outs.update((r, out) for r, _ids, out in decoding.step())
+            for r, _ids, out in decoding.step():
+                if isinstance(out, Exception):  # (a row that failed even alone, after a failed step)
+                    raise out
+                outs[r] = out
         return [outs[r] for r in range(len(prompts))]
 
     def decoding(self, temperature: float | None = None, top_p: float | None = None, max_new: int | None = None,

@@ -732,6 +732,9 @@ class _Batcher:
                         # (what a finished row held goes with it: a batch that never empties keeps no history)
                         del fanout.targets[row_key]
                         request, choice = waiting.pop(row_key)
+                        if isinstance(out, Exception):  # (it failed alone, after a failed step: a 500 for it)
+                            request.fail(out)
+                            continue
                         request.done(choice, self.agent.generation(request.prompt, ids, out))  # type: ignore[attr-defined]
             except Exception as exc:  # noqa: BLE001 - each request in the batch gets the error as a 500
                 if not requests:  # (it failed before admitting any: the request it was started for fails)
@@ -749,7 +752,7 @@ class _Batcher:
         from cowork_pipeline.agents.decoding import Prompt
 
         with self.cond:
-            room, taken = self.max_batch - decoding.live, []
+            room, taken = decoding.room(self.max_batch), []
             for queued in self.queue:
                 rows = queued[2] if self._sampled(queued[1]) else 1
                 if rows > room and (taken or decoding.live):
