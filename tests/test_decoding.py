@@ -223,6 +223,22 @@ def test_rows_of_a_step_out_of_memory_go_on_in_a_smaller_batch_and_end_as_they_w
     assert agent._prefix_cache.hits == hits + 1
 
 
+def test_a_batch_whose_prefill_runs_out_of_memory_is_prefilled_in_halves(student):
+    """``generate``'s batch, where its prefill fails (the device out of memory past two rows), is prefilled in
+    groups half the size, then one row at a time: every row's tokens are those it gets alone."""
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    agent = HFAgent(student, device="cpu", max_new_tokens=16, prefix_cache_mb=0)
+    convs = conversations(6)
+    alone = [agent.generate([(c, TOOLS)])[0] for c in convs]
+    flaky = agent.model = Flaky(agent.model, rows=2)
+    flaky.armed = True
+    got = agent.generate([(c, TOOLS) for c in convs])
+    assert [f[0] for f in flaky.failures] == [6, 3]  # (the six rows' prefill, then three's; then one at a time)
+    assert [g.completion_ids for g in got] == [a.completion_ids for a in alone]
+    assert [g.message for g in got] == [a.message for a in alone]
+
+
 def test_a_row_that_fails_alone_fails_and_nothing_loops(student):
     """A step that fails however few rows it has (not memory: a broken device, say) fails each row once it fails
     alone, with the error, after halving the batch down to one row; ``generate`` raises it."""
@@ -280,13 +296,13 @@ def _admissions(monkeypatch):
     """The number of live rows each admission found in the batch it joined."""
     from cowork_pipeline.agents.decoding import Decoding
 
-    seen, admit = [], Decoding.admit
+    seen, admit = [], Decoding._admit_rows
 
-    def counted(self, entries):
-        seen.append(self.live)
-        return admit(self, entries)
+    def counted(self, rows):
+        seen.append(sum(not row.done for row in self.batch))
+        return admit(self, rows)
 
-    monkeypatch.setattr(Decoding, "admit", counted)
+    monkeypatch.setattr(Decoding, "_admit_rows", counted)
     return seen
 
 
@@ -349,16 +365,17 @@ def test_a_decode_step_that_fails_fails_the_turns_in_the_batch_and_the_rest_run_
     assert all(t.termination != "agent_error" and t.messages[-1]["role"] != "user" for t in trajectories if t not in failed)
 
 
-def test_episodes_whose_steps_run_out_of_memory_are_the_episodes_lockstep_runs(warm_student):
-    """Turns whose decode step fails (the device out of memory past two rows) decode on in a smaller batch: every
-    episode is the one lockstep rounds give without the failures."""
+@pytest.mark.parametrize("decode_only", [True, False], ids=["steps", "steps-and-prefills"])
+def test_episodes_whose_steps_run_out_of_memory_are_the_episodes_lockstep_runs(warm_student, decode_only):
+    """Turns whose decode steps (and prefills) fail, the device out of memory past two rows, decode on in a smaller
+    batch: every episode is the one lockstep rounds give without the failures."""
     from cowork_pipeline.agents.hf_agent import HFAgent
     from cowork_pipeline.runner import Limits, run_episodes
 
     agent = HFAgent(warm_student, device="cpu", max_new_tokens=64, batch_size=4)
     cases, limits = _cases(), Limits(max_steps_per_turn=3)
     lockstep = run_episodes(cases, agent, limits=limits, lockstep=True)
-    flaky = agent.model = Flaky(agent.model, rows=2, decode_only=True)
+    flaky = agent.model = Flaky(agent.model, rows=2, decode_only=decode_only)
     flaky.armed = True
     continuous = run_episodes(cases, agent, limits=limits)
     assert flaky.failures and all(t.termination != "agent_error" for t in continuous)

@@ -665,10 +665,10 @@ def test_a_stream_that_fails_says_so(student_checkpoint, continuous):
 
             decoding = super().decoding(*args, on_token=breaking, **kw)
             if self.after == 0:
-                def admit(entries):
+                def admit(rows):
                     raise RuntimeError("out of memory")
 
-                decoding.admit = admit
+                decoding._admit_rows = admit
             return decoding
 
     agent = Failing(student_checkpoint, device="cpu", max_new_tokens=64)
@@ -1036,13 +1036,13 @@ def test_concurrent_requests_are_generated_as_one_batch_with_the_answers_they_ge
 
         def decoding(self, *args, **kw):
             decoding = super().decoding(*args, **kw)
-            admit = decoding.admit
+            admit = decoding._admit_rows  # (what admit and a queued batch's prefill both go through)
 
-            def counted(entries):
-                admit(entries)
+            def counted(rows):
+                admit(rows)
                 self.batches.append(decoding.size)
 
-            decoding.admit = counted
+            decoding._admit_rows = counted
             return decoding
 
     asks = [f"Please send the team an update {'now' if i % 2 else 'today'}, item {i}." for i in range(8)]

@@ -14,7 +14,8 @@ finished) are trimmed when a group joins.
 A decode step that fails (the device out of memory, say) fails no row that can still be decoded: the batch's rows
 are taken out of it, each with what it drew, and decoded on in a batch of half the size, prefilled again with
 their prompts and tokens so far, so that each row ends as it would have (its grammar, random stream and limits
-are its own). Only a row that fails alone fails, with the error. What was streamed stays streamed.
+are its own). Only a row that fails alone fails, with the error. What was streamed stays streamed. Rows queued
+(``enqueue``: ``generate``'s batch, episodes' turns) are prefilled the same way, in halves where their prefill fails.
 """
 from __future__ import annotations
 
@@ -85,8 +86,11 @@ class Decoding:
         self.next_pos: Any = None
         self.logits: Any = None
         self.bitmask: Any = None
-        self.suspended: list[_Row] = []  # rows a failed step took out of the batch, to be prefilled again first
-        self.cap: int | None = None  # the most rows the batch holds, once a step failed (halved at each failure)
+        # Rows to be prefilled into the batch at the next step, as many at a time as it may hold: queued
+        # (:meth:`enqueue`), or taken out of it by a failed step. ``cap``: the most rows it holds once a step or a
+        # prefill failed (halved at each failure).
+        self.waiting: list[_Row] = []
+        self.cap: int | None = None
 
     @property
     def size(self) -> int:
@@ -95,8 +99,8 @@ class Decoding:
 
     @property
     def live(self) -> int:
-        """Rows not finished: in the batch, or waiting to go back into it after a failed step."""
-        return sum(not row.done for row in self.batch) + len(self.suspended)
+        """Rows not finished: in the batch, or waiting to be prefilled into it."""
+        return sum(not row.done for row in self.batch) + len(self.waiting)
 
     def room(self, most: int) -> int:
         """How many rows may be admitted to a batch of at most ``most`` rows (fewer once a step failed)."""
@@ -115,17 +119,22 @@ class Decoding:
         batch is theirs; later: they join it). Rows in one batch may sample differently (greedy beside sampled,
         other temperatures, top_p and numbers of top log-probs). An admission that fails (its prefill out of
         memory, say) raises and leaves the batch as it was, to decode on without these rows."""
-        if not entries:
-            return
-        new = []
-        for entry in entries:
-            p = Prompt(*entry)
-            new.append(_Row(p.key, list(p.ids), p.matcher, p.generator,
-                            self.max_new if p.max_new is None else int(p.max_new),
-                            self.temperature if p.temperature is None else float(p.temperature),
-                            self.top_p if p.top_p is None else float(p.top_p),
-                            self.top_logprobs if p.top_logprobs is None else int(p.top_logprobs)))
-        self._admit_rows(new)
+        if entries:
+            self._admit_rows([self._row(entry) for entry in entries])
+
+    def enqueue(self, entries: Sequence[Prompt | tuple]) -> None:
+        """Queue these rows, to be prefilled into the batch at the next step, as many at a time as it may hold:
+        where their prefill fails (out of memory, say), in groups of half the size, and a row whose prefill fails
+        alone fails (:meth:`step` gives its exception). For rows of one kind (a batch of rollouts, episodes'
+        turns), where a failure is the batch's size; :meth:`admit` is for rows whose failures are their own."""
+        self.waiting += [self._row(entry) for entry in entries]
+
+    def _row(self, entry: Prompt | tuple) -> _Row:
+        p = Prompt(*entry)
+        return _Row(p.key, list(p.ids), p.matcher, p.generator, self.max_new if p.max_new is None else int(p.max_new),
+                    self.temperature if p.temperature is None else float(p.temperature),
+                    self.top_p if p.top_p is None else float(p.top_p),
+                    self.top_logprobs if p.top_logprobs is None else int(p.top_logprobs))
 
     def _admit_rows(self, new: list[_Row]) -> None:
         """:meth:`admit` these rows: new ones, or rows a failed step took out, prefilled with what they drew."""
@@ -267,7 +276,7 @@ class Decoding:
 
         from cowork_pipeline.agents.hf_agent import _top_p_filter
 
-        failed = self._resume() if self.suspended else []
+        failed = self._resume() if self.waiting else []
         if not self.batch:
             return failed
         agent, logits, batch = self.agent, self.logits, self.batch
@@ -364,31 +373,31 @@ class Decoding:
         if len(live) == 1:  # (alone: no smaller batch to try)
             return [(live[0].key, live[0].prompt, exc)]
         self.cap = max(1, min(self.cap or len(live), len(live)) // 2)
-        self.suspended = live + self.suspended
+        self.waiting = live + self.waiting
         return []
 
     def _resume(self) -> list[tuple[Any, list[int], Any]]:
-        """Put rows a failed step took out back into the batch, as many at a time as it may hold (halving that
-        where their prefill fails too). A row whose prefill fails with no other row in the batch fails:
-        ``(key, prompt ids, the exception)``."""
+        """Prefill waiting rows into the batch (queued ones, or those a failed step took out), as many at a time as
+        it may hold (halving that where their prefill fails). A row whose prefill fails with no other row in the
+        batch fails: ``(key, prompt ids, the exception)``."""
         failed: list[tuple[Any, list[int], Any]] = []
-        while self.suspended and (not self.batch or self.can_join()):
+        while self.waiting and (not self.batch or self.can_join()):
             in_batch = sum(not row.done for row in self.batch)
-            room = (self.cap or len(self.suspended)) - in_batch
+            room = len(self.waiting) if self.cap is None else self.cap - in_batch  # (a caller's room, till a failure)
             if room <= 0:
                 break
-            group = self.suspended[:room]
+            group = self.waiting[:room]
             try:
                 self._admit_rows(group)
             except Exception as exc:  # noqa: BLE001 - the batch is as it was (admission is atomic)
                 _free_device_memory()
                 if len(group) == 1 and not in_batch:
-                    row = self.suspended.pop(0)
+                    row = self.waiting.pop(0)
                     failed.append((row.key, row.prompt, exc))
                 else:
                     self.cap = max(1, (in_batch + len(group)) // 2)
                 continue
-            del self.suspended[: len(group)]
+            del self.waiting[: len(group)]
         return failed
 
     def _drawn_per_row(self, logits: Any) -> tuple[Any, Any]:
@@ -529,9 +538,5 @@ class Turns:
                 ended.append((key, exc))
                 continue
             self.conversations[key] = (messages, tools)
-        try:
-            self.decoding.admit(entries)
-        except Exception as exc:  # noqa: BLE001 - these turns fail (the batch is as it was, and goes on)
-            for entry in entries:
-                del self.conversations[entry.key]
-                ended.append((entry.key, exc))
+        # (prefilled at the next step; where that fails, in halves, and a turn that fails alone fails)
+        self.decoding.enqueue(entries)

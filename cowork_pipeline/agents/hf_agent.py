@@ -411,7 +411,8 @@ class HFAgent:
         batch, or a list of one per row."""
         decoding = self.decoding(temperature, top_p, max_new, top_logprobs,
                                  generator=None if isinstance(generator, list) else generator, on_token=on_token)
-        decoding.admit([(r, ids, self.matcher(tools[r] if tools else None, require_tool_call, json_schema,
+        # (queued: a batch whose prefill runs out of memory is prefilled in halves; see Decoding.enqueue)
+        decoding.enqueue([(r, ids, self.matcher(tools[r] if tools else None, require_tool_call, json_schema,
                                               single_tool_call),
                          generator[r] if isinstance(generator, list) else None) for r, ids in enumerate(prompts)])
         outs: dict[int, tuple] = {}
