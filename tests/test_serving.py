@@ -857,6 +857,19 @@ def test_text_completions_continue_token_ids_as_given(student_checkpoint):
                                seeds=[_choice_seed(3, 0), _choice_seed(3, 1)] * 2)
         assert [c.model_extra["token_ids"] for c in group.choices] == [g.completion_ids for g in drawn]
         assert group.usage.prompt_tokens == len(ids) + len(asked.prompt_ids)
+        # streamed: the same choices (each whole, once generated), then the usage, as a streaming client reads them
+        chunks = list(api.completions.create(model="student", prompt=[ids, asked.prompt_ids], n=2, temperature=1.0,
+                                             seed=3, max_tokens=40, stream=True, stream_options={"include_usage": True},
+                                             extra_body={"return_token_ids": True}))
+        streamed: dict[int, list] = {}
+        for chunk in chunks[:-1]:
+            assert chunk.object == "text_completion" and chunk.usage is None
+            for c in chunk.choices:
+                streamed.setdefault(c.index, []).append(c)
+        assert [("".join(c.text for c in streamed[i]), streamed[i][-1].finish_reason,
+                 [t for c in streamed[i] for t in c.model_extra["token_ids"]]) for i in sorted(streamed)] == \
+               [(c.text, c.finish_reason, c.model_extra["token_ids"]) for c in group.choices]
+        assert chunks[-1].choices == [] and chunks[-1].usage == group.usage
 
         cut = api.completions.create(model="student", prompt=ids, max_tokens=64, stop=["ent"], logprobs=0,
                                      extra_body={"return_token_ids": True})
@@ -905,7 +918,7 @@ def test_a_conversation_tokenized_by_the_server_continues_as_the_chat_endpoint_a
     ({"prompt": [1] * 2000}, "prompt"),
     ({"prompt": "hi", "echo": True}, "echo"),
     ({"prompt": "hi", "suffix": "!"}, "suffix"),
-    ({"prompt": "hi", "stream": True}, "stream"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "hi", "logprobs": 21}, "logprobs"),
     ({"prompt": "hi", "logprobs": True}, "logprobs"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),

@@ -6,7 +6,8 @@ required or a named function, ``parallel_tool_calls`` false, and ``response_form
 json_schema: a required or single call or a JSON answer for a model served with strict tool calls, whose grammar
 makes the turn open with the call, end after it, or be one JSON value valid for the schema), ``POST
 /v1/completions`` (token in, token out: prompts as token ids or text, continued as given, with ``n``, ``stop``,
-the legacy ``logprobs`` and ``return_token_ids``, for an agent that can ``complete`` raw prompts), vLLM's
+the legacy ``logprobs``, ``return_token_ids`` and ``stream`` (each choice whole, once generated), for an agent that
+can ``complete`` raw prompts), vLLM's
 ``POST /tokenize`` (a text's or a conversation's ids, rendered as the chat endpoint renders it) and ``/detokenize``,
 ``GET /v1/models`` and ``GET /health``.
 Settings that change what the model writes and are not implemented here (penalties, logit_bias, top_k, ...) are
@@ -175,8 +176,6 @@ def _validate_completion(body: dict[str, Any], tokenize: Callable[[str], list[in
             raise BadRequest(f"'{key}' is not supported by this server; leave it out", key)
     opts: dict[str, Any] = {}
     delivery = _sampling(body, opts, max_tokens=16)  # (the legacy API's default length)
-    if delivery["stream"]:
-        raise BadRequest("'stream' is not supported on /v1/completions (it is on /v1/chat/completions)", "stream")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20):
         raise BadRequest("'logprobs' must be an integer in [0, 20]: how many likeliest tokens to give", "logprobs")
@@ -1054,9 +1053,17 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
                    for p, request_answers in enumerate(answers) for j, answer in enumerate(request_answers)]
         completion = sum(a[2]["completion_tokens"] for request_answers in answers for a in request_answers)
         usage = {"prompt_tokens": sum(len(ids) for ids in prompts), "completion_tokens": completion}
-        return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                             "model": body.get("model") or name, "choices": choices,
-                             "usage": usage | {"total_tokens": usage["prompt_tokens"] + completion}})
+        usage["total_tokens"] = usage["prompt_tokens"] + completion
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": body.get("model") or name}
+        if delivery["stream"]:
+            # Each choice whole, as one event, once generated (its text, logprobs, ids and finish reason): the
+            # legacy API's chunks, which a streaming client adds up to the answer; chat streams as it decodes.
+            extra = {"usage": None} if delivery["usage_chunk"] else {}
+            events = [f"data: {json.dumps({**head, 'choices': [c], **extra}, ensure_ascii=False)}\n\n" for c in choices]
+            events += list(_end(head, usage, delivery["usage_chunk"]))
+            return StreamingResponse(iter(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return JSONResponse({**head, "choices": choices, "usage": usage})
 
     async def tokenize(request: Request) -> JSONResponse:
         """vLLM's ``/tokenize``: a text's ids, or a conversation's as the chat endpoint renders it (with its tools
