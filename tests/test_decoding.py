@@ -184,7 +184,7 @@ def test_a_join_that_fails_leaves_the_running_batch_as_it_was(student, monkeypat
 
 
 @pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "greedy"])
-def test_rows_of_a_step_out_of_memory_go_on_in_a_smaller_batch_and_end_as_they_would_have(student, sampled):
+def test_rows_of_a_step_out_of_memory_go_on_in_a_smaller_batch_and_end_as_they_would_have(student, sampled, caplog):
     """A decode step that fails takes the batch's rows out, each with what it drew, and they decode on in batches
     of half the size, prefilled again (here that prefill fails too, and the batch halves again): every row's
     tokens and log-probs are those it gets alone, from its own random stream or greedily, under the tools'
@@ -210,6 +210,8 @@ def test_rows_of_a_step_out_of_memory_go_on_in_a_smaller_batch_and_end_as_they_w
             got[i] = agent.generation(("chat", convs[i], TOOLS), ids, out)
     # (six rows' step failed; three rows' prefill failed; then one row at a time)
     assert [f[0] for f in flaky.failures] == [6, 3] and flaky.failures[0][1] == 1 and decoding.cap == 1
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if r.name.endswith("decoding")] == [
+        "a decode step of 6 rows failed", "the prefill of 3 rows beside 0 failed"]
     for i, a in enumerate(alone):
         assert got[i].completion_ids == a.completion_ids, i
         assert got[i].finish_reason == a.finish_reason and got[i].message == a.message

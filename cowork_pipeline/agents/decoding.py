@@ -14,16 +14,19 @@ finished) are trimmed when a group joins.
 A decode step that fails (the device out of memory, say) fails no row that can still be decoded: the batch's rows
 are taken out of it, each with what it drew, and decoded on in a batch of half the size, prefilled again with
 their prompts and tokens so far, so that each row ends as it would have (its grammar, random stream and limits
-are its own). Only a row that fails alone fails, with the error. What was streamed stays streamed. Rows queued
+are its own; a row that samples from the batch's shared stream draws on from it, so its sample is another). Only a
+row that fails alone fails, with the error. What was streamed stays streamed. Each failure is logged. Rows queued
 (``enqueue``: ``generate``'s batch, episodes' turns) are prefilled the same way, in halves where their prefill fails.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Sequence
 
 # (a row's key, the token drawn, its raw log-prob, the top alternatives or None) -> True ends the row's turn
 OnToken = Callable[[Any, int, float, Any], Any]
+log = logging.getLogger(__name__)  # (a failed step or prefill is said here: the batch goes on smaller)
 
 
 class Prompt(NamedTuple):
@@ -371,9 +374,11 @@ class Decoding:
         self.batch, self.cache, self.full_attn, self.next_pos, self.logits, self.cur = [], None, None, None, None, 0
         _free_device_memory()
         if len(live) == 1:  # (alone: no smaller batch to try)
+            log.warning("a decode step of one row failed, and fails its row: %s", exc)
             return [(live[0].key, live[0].prompt, exc)]
         self.cap = max(1, min(self.cap or len(live), len(live)) // 2)
         self.waiting = live + self.waiting
+        log.warning("a decode step of %d rows failed (%s): they go on in batches of at most %d", len(live), exc, self.cap)
         return []
 
     def _resume(self) -> list[tuple[Any, list[int], Any]]:
@@ -394,8 +399,11 @@ class Decoding:
                 if len(group) == 1 and not in_batch:
                     row = self.waiting.pop(0)
                     failed.append((row.key, row.prompt, exc))
+                    log.warning("the prefill of one row failed, and fails its row: %s", exc)
                 else:
                     self.cap = max(1, (in_batch + len(group)) // 2)
+                    log.warning("the prefill of %d rows beside %d failed (%s): batches of at most %d now",
+                                len(group), in_batch, exc, self.cap)
                 continue
             del self.waiting[: len(group)]
         return failed
