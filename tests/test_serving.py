@@ -552,7 +552,8 @@ def test_the_served_student_streams_its_text_as_it_is_generated(student_checkpoi
                           model_name="student", continuous=continuous)) as base:
         api = client(base)
         gate.set()
-        whole = api.chat.completions.create(**asked).choices[0]  # (not held)
+        answered = api.chat.completions.create(**asked)  # (not held)
+        whole = answered.choices[0]
         gate.clear()
         texts, tokens, ids, held = [], [], [], []
         for chunk in api.chat.completions.create(**asked, stream=True):
@@ -568,6 +569,32 @@ def test_the_served_student_streams_its_text_as_it_is_generated(student_checkpoi
     assert [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in tokens] == \
            [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in whole.logprobs.content]
     assert ids == whole.model_extra["token_ids"]
+
+    # /v1/completions streams the same way: the text as drawn, each chunk with the legacy logprobs (text offsets
+    # in the whole text) and token ids of the tokens it completes
+    raw = dict(model="student", prompt=answered.model_extra["prompt_token_ids"], max_tokens=64, logprobs=2,
+               extra_body={"return_token_ids": True})
+    with running(make_app(HeldAfterEachToken(student_checkpoint, device="cpu", max_new_tokens=64),
+                          model_name="student", continuous=continuous)) as base:
+        api = client(base)
+        gate.set()
+        (plain,) = api.completions.create(**raw).choices
+        gate.clear()
+        texts, held, got = [], [], {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": [], "ids": []}
+        for chunk in api.completions.create(**raw, stream=True):
+            for c in chunk.choices:
+                if c.text:
+                    held.append(generating.is_set())
+                    gate.set()
+                    texts.append(c.text)
+                for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    got[k] += getattr(c.logprobs, k) if c.logprobs else []
+                got["ids"] += (c.model_extra or {}).get("token_ids") or []
+                finish = c.finish_reason or None
+    assert held[0] and len(texts) >= 2 and "".join(texts) == plain.text == "Sent." and finish == plain.finish_reason
+    assert got == {"tokens": plain.logprobs.tokens, "token_logprobs": plain.logprobs.token_logprobs,
+                   "top_logprobs": plain.logprobs.top_logprobs, "text_offset": plain.logprobs.text_offset,
+                   "ids": plain.model_extra["token_ids"]}
 
 
 def test_a_stream_holds_back_what_the_answer_may_not_say(student_checkpoint):
@@ -683,6 +710,16 @@ def test_a_stream_that_fails_says_so(student_checkpoint, continuous):
             for chunk in api.chat.completions.create(model="student", messages=done, stream=True):
                 seen += [c.delta.content for c in chunk.choices if c.delta.content]
         assert "".join(seen) == "Sent"  # (the two tokens drawn before the failure)
+        # the same for a streamed text completion
+        ids = agent.chat_prompt(done, [], 64)
+        agent.after = 0
+        with pytest.raises(openai.InternalServerError, match="out of memory"):
+            list(api.completions.create(model="student", prompt=ids, max_tokens=64, stream=True))
+        agent.after, seen = 2, []
+        with pytest.raises(openai.APIError, match="device lost"):
+            for chunk in api.completions.create(model="student", prompt=ids, max_tokens=64, stream=True):
+                seen += [c.text for c in chunk.choices if c.text]
+        assert "".join(seen) == "Sent"
 
 
 def test_generation_stops_where_a_stop_sequence_cuts_the_answer(student_checkpoint):

@@ -6,7 +6,7 @@ required or a named function, ``parallel_tool_calls`` false, and ``response_form
 json_schema: a required or single call or a JSON answer for a model served with strict tool calls, whose grammar
 makes the turn open with the call, end after it, or be one JSON value valid for the schema), ``POST
 /v1/completions`` (token in, token out: prompts as token ids or text, continued as given, with ``n``, ``stop``,
-the legacy ``logprobs``, ``return_token_ids`` and ``stream`` (each choice whole, once generated), for an agent that
+the legacy ``logprobs``, ``return_token_ids`` and ``stream`` (the text as drawn), for an agent that
 can ``complete`` raw prompts), vLLM's
 ``POST /tokenize`` (a text's or a conversation's ids, rendered as the chat endpoint renders it) and ``/detokenize``,
 ``GET /v1/models`` and ``GET /health``.
@@ -414,17 +414,20 @@ class _StreamedChoice:
     a tool call or a stop sequence begins, the rest comes with the finished answer (a tool call whole, as its
     arguments must be complete to be checked). Each delta carries the logprobs and ids of the tokens it completes."""
 
-    def __init__(self, tokenizer: Any, stop_ids: Any, stop: list[str], token_bytes: Callable[[int], bytes]) -> None:
+    def __init__(self, tokenizer: Any, stop_ids: Any, stop: list[str], token_bytes: Callable[[int], bytes],
+                 answer: bool = True) -> None:
         from cowork_pipeline.agents.chat_format import STOP_STRINGS, TOOL_CALL_OPEN
 
         self.tokenizer, self.stop_ids, self.token_bytes = tokenizer, set(stop_ids), token_bytes
-        self.markers = (TOOL_CALL_OPEN, *STOP_STRINGS, *stop)
+        # (a text completion's text is the raw continuation: only its stop sequences are held back, nothing stripped)
+        self.answer = answer
+        self.markers = (TOOL_CALL_OPEN, *STOP_STRINGS, *stop) if answer else tuple(stop)
         self.ids: list[int] = []  # the text's tokens (an end-of-turn token is not text)
         self.drawn: list[tuple[int, float, list[tuple[int, float]] | None]] = []
         self.ends: list[int] = []  # each drawn text token's last byte in the text
         self.prefix = self.read = 0  # incremental decoding: tokens decoded for context, and up to where text is out
         self.text = self.before = ""  # the text so far; the last tokens' own decoding, which new text extends
-        self.longest = max(len(m) for m in self.markers)
+        self.longest = max((len(m) for m in self.markers), default=0)
         self.sent = ""  # the content streamed so far
         self.tokens_sent = 0
         self.closed = False
@@ -459,8 +462,8 @@ class _StreamedChoice:
             end = len(text) - held
         else:
             end, self.closed = cut, True
-        shown = text[:end].rstrip()
-        start = len(shown) - len(shown.lstrip())
+        shown = text[:end].rstrip() if self.answer else text[:end]
+        start = len(shown) - len(shown.lstrip()) if self.answer else 0
         content = shown[start:]
         if len(content) <= len(self.sent) or not content.startswith(self.sent):
             return None
@@ -607,6 +610,21 @@ class _Relay:
     def token(self, choices: list[int], token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> bool:
         self.put("token", choices, token_id, logprob, top)
         return self.gone
+
+
+class _Tagged:
+    """The listener of one prompt of a text completion request: its choices by their index in the request (choices
+    come by prompt, then sample), into the request's relay."""
+
+    def __init__(self, relay: _Relay, first: int) -> None:
+        self.relay, self.first = relay, first
+
+    def prompt(self, choices: list[int], prompt_ids: list[int]) -> None:
+        self.relay.put("prompt", [self.first + c for c in choices], prompt_ids)
+
+    def token(self, choices: list[int], token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> bool:
+        self.relay.put("token", [self.first + c for c in choices], token_id, logprob, top)
+        return self.relay.gone
 
 
 class _Request:
@@ -1006,6 +1024,103 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+    async def _streamed_completions(head: dict[str, Any], prompts: list[list[int]], opts: dict[str, Any],
+                                    delivery: dict[str, Any]) -> Any:
+        """Text completions streamed as they are generated: each choice's text as its tokens are drawn (only what
+        may begin a stop sequence, or a character whose bytes have not all come, waits), with the legacy
+        logprobs and vLLM's token ids of the tokens it completes, then its finish reason (and the prompt's ids);
+        choices by prompt then sample, as unstreamed. A request that fails before its first token is a 500; one
+        that fails later ends its stream with an error event."""
+        relay, n = _Relay(asyncio.get_running_loop()), delivery["n"]
+        for p, ids in enumerate(prompts):
+            fut = batcher.submit(("text", ids), opts, n, _Tagged(relay, p * n), delivery["stop"])
+            fut.add_done_callback(lambda f, p=p: relay.put("done", p, f))
+        taken = await relay.taken()
+        while all(item[0] == "prompt" for item in taken):
+            taken += await relay.taken()
+        if (came := next(item for item in taken if item[0] != "prompt"))[0] == "done" and came[2].exception() is not None:
+            return _failed(came[2].exception())
+        token_bytes, as_ids = batcher.token_bytes(), delivery["return_tokens_as_token_ids"]
+        writers = [_StreamedChoice(agent.tokenizer, getattr(agent, "stop_ids", ()), delivery["stop"], token_bytes,
+                                   answer=False) for _ in range(len(prompts) * n)]
+        offsets = [0] * len(writers)  # each choice's text offset of its next token (the legacy logprobs')
+        extra = {"usage": None} if delivery["usage_chunk"] else {}
+
+        def event(choice: dict[str, Any]) -> str:
+            return f"data: {json.dumps({**head, 'choices': [choice], **extra}, ensure_ascii=False)}\n\n"
+
+        def logprobs(i: int, drawn: list[tuple]) -> dict[str, Any] | None:
+            if delivery["logprobs"] is None:
+                return None
+            tokens = [_token_name(token_bytes, d[0], as_ids) for d in drawn]
+            starts = list(itertools.accumulate((len(t) for t in tokens), initial=offsets[i]))
+            offsets[i] = starts[-1]
+            tops = [{_token_name(token_bytes, t, as_ids): v for t, v in d[2] or []} for d in drawn] \
+                if delivery["logprobs"] else None
+            return {"tokens": tokens, "token_logprobs": [d[1] for d in drawn], "top_logprobs": tops,
+                    "text_offset": starts[:-1]}
+
+        async def stream():
+            try:
+                async for events in answer():
+                    yield events
+            finally:  # (done, or the client gone: its rows end at their next token)
+                relay.gone = True
+
+        async def answer():
+            nonlocal taken
+            left = len(prompts)
+            usage = {"prompt_tokens": sum(len(ids) for ids in prompts), "completion_tokens": 0}
+            while True:
+                out: list[str] = []
+                drawn: dict[int, list[tuple]] = {}
+                done: list[tuple[int, Any]] = []
+                for item in taken:
+                    if item[0] == "done":
+                        done.append(item[1:])
+                    elif item[0] == "token":
+                        for i in item[1]:
+                            drawn.setdefault(i, []).append(item[2:])
+                for i, new in sorted(drawn.items()):
+                    if (said := writers[i].take(new)) is not None:
+                        delta, covered = said
+                        ids = {"token_ids": [d[0] for d in covered]} if delivery["return_token_ids"] else {}
+                        out.append(event({"index": i, "text": delta, "logprobs": logprobs(i, covered),
+                                          "finish_reason": None} | ids))
+                for p, fut in done:  # (a prompt's choices end: the rest of each, from the answer given whole)
+                    if (exc := fut.exception()) is not None:
+                        err = {"message": f"generation failed: {type(exc).__name__}: {exc}", "type": "server_error",
+                               "param": None, "code": None}
+                        yield "".join(out) + f"data: {json.dumps({'error': err})}\n\n"
+                        return
+                    for j, ans in enumerate(fut.result()):
+                        i, w = p * n + j, writers[p * n + j]
+                        whole = _completion_choice(i, ans[3], delivery, token_bytes)
+                        last: dict[str, Any] = {
+                            "index": i, "text": whole["text"][len(w.sent):] if whole["text"].startswith(w.sent) else "",
+                            "logprobs": None, "finish_reason": whole["finish_reason"]}
+                        if whole["logprobs"] is not None:
+                            last["logprobs"] = {k: v[w.tokens_sent:] if isinstance(v, list) else v
+                                                for k, v in whole["logprobs"].items()}
+                        if delivery["return_token_ids"]:
+                            last |= {"token_ids": whole["token_ids"][w.tokens_sent:],
+                                     "prompt_token_ids": whole["prompt_token_ids"]}
+                        out.append(event(last))
+                        usage["completion_tokens"] += ans[2]["completion_tokens"]
+                    left -= 1
+                if out:
+                    yield "".join(out)
+                if not left:
+                    break
+                if out:  # (what comes within stream_interval_s goes together, as the chat stream's)
+                    now = asyncio.get_running_loop().time()
+                    await asyncio.sleep(stream_interval_s - now % stream_interval_s)
+                taken = await relay.taken()
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            yield "".join(_end(head, usage, delivery["usage_chunk"]))
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
     def _choice(index: int, message: dict[str, Any], finish: str, _usage: dict[str, int], generation: Any,
                 delivery: dict[str, Any], token_bytes: Callable[[int], bytes] | None) -> dict[str, Any]:
         said, finish = _stopped(message, finish, delivery["stop"])
@@ -1043,6 +1158,10 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
                     raise BadRequest(f"prompt {i}: {why}", "prompt")
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": body.get("model") or name}
+        if delivery["stream"] and batcher.streams:
+            return await _streamed_completions(head, prompts, opts, delivery)
         futures = [batcher.submit(("text", ids), opts, delivery["n"], stop=delivery["stop"]) for ids in prompts]
         try:
             answers = [await asyncio.wrap_future(f) for f in futures]
@@ -1054,11 +1173,7 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         completion = sum(a[2]["completion_tokens"] for request_answers in answers for a in request_answers)
         usage = {"prompt_tokens": sum(len(ids) for ids in prompts), "completion_tokens": completion}
         usage["total_tokens"] = usage["prompt_tokens"] + completion
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": body.get("model") or name}
-        if delivery["stream"]:
-            # Each choice whole, as one event, once generated (its text, logprobs, ids and finish reason): the
-            # legacy API's chunks, which a streaming client adds up to the answer; chat streams as it decodes.
+        if delivery["stream"]:  # (an agent that cannot stream: each choice whole, as one event, once generated)
             extra = {"usage": None} if delivery["usage_chunk"] else {}
             events = [f"data: {json.dumps({**head, 'choices': [c], **extra}, ensure_ascii=False)}\n\n" for c in choices]
             events += list(_end(head, usage, delivery["usage_chunk"]))
