@@ -612,6 +612,20 @@ class _Relay:
         return self.gone
 
 
+def _by_choice(taken: list[tuple]) -> tuple[dict[int, list[tuple]], list[tuple]]:
+    """What a relay brought: each choice's tokens drawn (token id, logprob, top), and the ``done`` items that came
+    after a request's last token (their fields)."""
+    drawn: dict[int, list[tuple]] = {}
+    done: list[tuple] = []
+    for item in taken:
+        if item[0] == "done":
+            done.append(item[1:])
+        elif item[0] == "token":
+            for c in item[1]:
+                drawn.setdefault(c, []).append(item[2:])
+    return drawn, done
+
+
 class _Tagged:
     """The listener of one prompt of a text completion request: its choices by their index in the request (choices
     come by prompt, then sample), into the request's relay."""
@@ -988,13 +1002,9 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
             done = None
             while done is None:
                 out = []
-                drawn: dict[int, list[tuple]] = {}
-                for item in taken:
-                    if item[0] == "done":
-                        done = item[1]
-                    elif item[0] == "token":
-                        for c in item[1]:
-                            drawn.setdefault(c, []).append(item[2:])
+                drawn, ended = _by_choice(taken)
+                if ended:
+                    done = ended[-1][0]
                 for c, new in sorted(drawn.items()):
                     if (said := writers[c].take(new)) is not None:
                         delta, covered = said
@@ -1073,14 +1083,7 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
             usage = {"prompt_tokens": sum(len(ids) for ids in prompts), "completion_tokens": 0}
             while True:
                 out: list[str] = []
-                drawn: dict[int, list[tuple]] = {}
-                done: list[tuple[int, Any]] = []
-                for item in taken:
-                    if item[0] == "done":
-                        done.append(item[1:])
-                    elif item[0] == "token":
-                        for i in item[1]:
-                            drawn.setdefault(i, []).append(item[2:])
+                drawn, done = _by_choice(taken)
                 for i, new in sorted(drawn.items()):
                     if (said := writers[i].take(new)) is not None:
                         delta, covered = said
