@@ -1155,6 +1155,8 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
                                  "`cowork serve` (use /v1/chat/completions)")
             prompts, opts, delivery = _validate_completion(
                 body, lambda text: list(agent.tokenizer(text)["input_ids"]))  # type: ignore[attr-defined]
+            if delivery["stream"] and not batcher.streams:
+                raise BadRequest(f"{name} cannot stream its tokens; leave 'stream' out", "stream")
             problem = getattr(agent, "prompt_problem", lambda _ids, _max_new: None)
             for i, ids in enumerate(prompts):
                 if (why := problem(ids, opts.get("max_new_tokens"))) is not None:
@@ -1163,7 +1165,7 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
             return _error(400, exc.message, param=exc.param)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.get("model") or name}
-        if delivery["stream"] and batcher.streams:
+        if delivery["stream"]:
             return await _streamed_completions(head, prompts, opts, delivery)
         futures = [batcher.submit(("text", ids), opts, delivery["n"], stop=delivery["stop"]) for ids in prompts]
         try:
@@ -1176,11 +1178,6 @@ def make_app(agent: Agent, model_name: str | None = None, max_batch: int = 32, s
         completion = sum(a[2]["completion_tokens"] for request_answers in answers for a in request_answers)
         usage = {"prompt_tokens": sum(len(ids) for ids in prompts), "completion_tokens": completion}
         usage["total_tokens"] = usage["prompt_tokens"] + completion
-        if delivery["stream"]:  # (an agent that cannot stream: each choice whole, as one event, once generated)
-            extra = {"usage": None} if delivery["usage_chunk"] else {}
-            events = [f"data: {json.dumps({**head, 'choices': [c], **extra}, ensure_ascii=False)}\n\n" for c in choices]
-            events += list(_end(head, usage, delivery["usage_chunk"]))
-            return StreamingResponse(iter(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return JSONResponse({**head, "choices": choices, "usage": usage})
 
     async def tokenize(request: Request) -> JSONResponse:
