@@ -333,6 +333,45 @@ def test_rollouts_record_every_assistant_message(warm, env, drafted, sandbox):
     assert stats["kl_ref"] >= 0.0 and 0.0 <= stats["clip_frac"] <= 1.0 and stats["ratio_max"] != 1.0
 
 
+def test_rollouts_are_the_same_decoded_continuously_in_lockstep_or_at_any_batch_size(warm, env, drafted, sandbox):
+    """Each episode samples from its own seed: the policy's turns decoded continuously (each episode's next turn
+    joins the batch once its tools ran) give the rollouts lockstep rounds give, and so does a policy decoding two
+    rows at a time; a group's rollouts are different samples."""
+    import torch
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+
+    class Counted(HFAgent):
+        continuous = 0
+
+        def turns(self, *args, **kwargs):
+            Counted.continuous += 1
+            return super().turns(*args, **kwargs)
+
+    cfg = RLConfig("check", group_size=3, max_new_tokens=48, max_steps_per_turn=3)
+
+    def rollouts(batch_size: int, lockstep: bool = False) -> list:
+        policy = Counted(warm["sft"], device="cpu", dtype=torch.float32, strict_tools=False, batch_size=batch_size)
+        return collect_rollouts(policy, [env, drafted], sandbox, cfg, step=1, seed=5, lockstep=lockstep)
+
+    def sampled(rs: list) -> list:
+        return [(r.rollout_id, r.reward, r.turn_rewards, r.termination, r.messages,
+                 [(s["turn"], s["prompt_ids"], s["completion_ids"], s["finish_reason"]) for s in r.steps]) for r in rs]
+
+    continuous = rollouts(16)
+    assert Counted.continuous == 1
+    lockstep, small = rollouts(16, lockstep=True), rollouts(2)
+    assert Counted.continuous == 2
+    assert sampled(continuous) == sampled(lockstep) == sampled(small)
+    for a, b in zip(continuous, lockstep):
+        for sa, sb in zip(a.steps, b.steps):
+            assert sa["logprobs"] == pytest.approx(sb["logprobs"], abs=1e-4)
+    assert sum(len(r.steps) for r in continuous) > 6
+    for env_id in (env.env_id, drafted.env_id):
+        group = [tuple(tuple(s["completion_ids"]) for s in r.steps) for r in continuous if r.env_id == env_id]
+        assert len(group) == 3 and len(set(group)) > 1
+
+
 @pytest.mark.parametrize("config", DEFAULT_CONFIGS, ids=lambda c: c.name)
 def test_default_config_one_step(config, warm, env, drafted, sandbox, tmp_path):
     cfg = dataclasses.replace(config, group_size=2, max_new_tokens=48, max_steps_per_turn=3, lr=1e-4)

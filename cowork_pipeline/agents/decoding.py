@@ -479,10 +479,19 @@ class Turns:
     it is done, so that its episode runs its tools and submits its next turn while the others decode. The batch
     stays full (up to the agent's ``batch_size`` rows), where a lockstep driver decodes each round's batches to
     their longest turn and then waits for the round's last episode. A row decodes as it would alone, so each reply
-    is the one lockstep gives (greedy; a sampled turn with its own seed draws from its own stream)."""
+    is the one lockstep gives (greedy; a sampled turn with its own seed draws from its own stream).
 
-    def __init__(self, agent: Any, join_every: int = 4) -> None:
+    ``temperature``, ``top_p`` and ``max_new``: the turns' sampling, in place of the agent's own (RL rollouts sample
+    as their configuration says). ``generations``: a turn's result is its whole :class:`Generation` (prompt and
+    completion ids, log-probs), where a driver records what was sampled, instead of the assistant message."""
+
+    def __init__(self, agent: Any, join_every: int = 4, *, temperature: float | None = None,
+                 top_p: float | None = None, max_new: int | None = None, generations: bool = False) -> None:
         self.agent, self.join_every = agent, max(1, join_every)
+        self.temperature = agent.temperature if temperature is None else float(temperature)
+        self.top_p = agent.top_p if top_p is None else float(top_p)
+        self.max_new = agent.max_new_tokens if max_new is None else int(max_new)
+        self.generations = generations
         self.decoding = self._fresh()
         self.queue: list[tuple[Any, Any, Any, int | None]] = []
         self.conversations: dict[Any, tuple[Any, Any]] = {}  # admitted turns not answered yet, by key
@@ -492,8 +501,9 @@ class Turns:
         import torch
 
         agent = self.agent  # (a sampling agent's rows without a seed of their own share one stream)
-        return agent.decoding(generator=torch.Generator(device=agent.device).manual_seed(agent.seed)
-                              if agent.temperature > 0.0 else None)
+        return agent.decoding(self.temperature, self.top_p, self.max_new,
+                              generator=torch.Generator(device=agent.device).manual_seed(agent.seed)
+                              if self.temperature > 0.0 else None)
 
     def submit(self, key: Any, messages: Any, tools: Any, seed: int | None = None) -> None:
         """Queue a conversation's next turn; ``seed``: its own random stream (for a sampling agent)."""
@@ -505,8 +515,8 @@ class Turns:
 
     def step(self) -> list[tuple[Any, Any]]:
         """Admit queued turns where there is room (every ``join_every`` steps, or at once into an empty batch), and
-        draw one token for every row: ``(key, assistant message, or the exception the turn failed with)`` for each
-        turn that ended."""
+        draw one token for every row: ``(key, assistant message (its Generation with ``generations``), or the
+        exception the turn failed with)`` for each turn that ended."""
         ended: list[tuple[Any, Any]] = []
         decoding = self.decoding
         if self.queue and decoding.can_join() and (self.steps % self.join_every == 0 or not decoding.live):
@@ -523,8 +533,11 @@ class Turns:
                 turn = self.conversations.pop(key)
                 # (a row that failed alone, after a failed step: its turn fails, the others decode on)
                 ended.append((key, out if isinstance(out, Exception) else
-                              self.agent.generation(("chat", *turn), ids, out).message))
+                              self._result(self.agent.generation(("chat", *turn), ids, out))))
         return ended
+
+    def _result(self, generation: Any) -> Any:
+        return generation if self.generations else generation.message
 
     def _admit(self, ended: list[tuple[Any, Any]]) -> None:
         import torch
@@ -535,12 +548,12 @@ class Turns:
         entries = []
         for key, messages, tools, seed in taken:
             try:
-                ids = agent.chat_prompt(messages, tools, agent.max_new_tokens)
+                ids = agent.chat_prompt(messages, tools, self.max_new)
                 if not isinstance(ids, list):  # (it does not fit: its turn failed, nothing generated)
-                    ended.append((key, ids.message))
+                    ended.append((key, self._result(ids)))
                     continue
                 gen = torch.Generator(device=agent.device).manual_seed(int(seed)) \
-                    if seed is not None and agent.temperature > 0.0 else None
+                    if seed is not None and self.temperature > 0.0 else None
                 entries.append(Prompt(key, ids, agent.matcher(tools), gen))
             except Exception as exc:  # noqa: BLE001 - this turn's own failure: its episode records it
                 ended.append((key, exc))

@@ -435,12 +435,14 @@ class HFAgent:
                         self.top_p if top_p is None else float(top_p),
                         self.max_new_tokens if max_new is None else int(max_new), top_logprobs, generator, on_token)
 
-    def turns(self, join_every: int = 4) -> Any:
+    def turns(self, join_every: int = 4, *, temperature: float | None = None, top_p: float | None = None,
+              max_new_tokens: int | None = None, generations: bool = False) -> Any:
         """Conversations' turns decoded continuously (``agents/decoding.py``'s ``Turns``), as ``run_episodes``
-        drives many episodes."""
+        drives many episodes; sampled as the agent samples unless told otherwise."""
         from cowork_pipeline.agents.decoding import Turns
 
-        return Turns(self, join_every)
+        return Turns(self, join_every, temperature=temperature, top_p=top_p, max_new=max_new_tokens,
+                     generations=generations)
 
     def matcher(self, tools: Sequence[ToolSchema] | None, require_tool_call: bool = False,
                 json_schema: dict[str, Any] | None = None, single_tool_call: bool = False) -> Any:

@@ -199,37 +199,77 @@ class _RecordingAgent:
     """Samples with the policy and records, per episode, every assistant message's token-level record.
 
     Episodes are told apart by the identity of their message list: each episode generator yields its own list
-    (kept alive in its ``Trajectory``), so the record can be matched to the trajectory afterwards."""
+    (kept alive in its ``Trajectory``), so the record can be matched to the trajectory afterwards. Each episode
+    samples from its own seed (its n-th turn from a stream seeded by that seed and n), so a rollout does not depend
+    on what it is batched with, and decoding turns continuously (``turns``) gives the rollouts lockstep rounds
+    (``act_batch``) give."""
+
+    per_episode_seeds = True
 
     def __init__(self, policy: Any, config: RLConfig, seed: int) -> None:
         self.policy = policy
         self.config = config
         self.seed = seed
         self.calls = 0
+        self.asked: dict[int, int] = {}  # turns each episode has asked for, by its message list
         self.records: dict[int, list[dict[str, Any]]] = {}
         self.name = f"rl:{getattr(policy, 'name', type(policy).__name__)}"
 
     def act(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return self.act_batch([(messages, tools)])[0]
 
-    def act_batch(self, conversations: Sequence[tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    def act_batch(self, conversations: Sequence[tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]],
+                  seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
         cfg = self.config
-        seed = sub_seed("rl-sample", self.seed, self.calls) % (2**63)
+        if seeds is None:  # (not driven by run_episodes: one stream per call)
+            seeds = [sub_seed("rl-sample", self.seed, self.calls, j) for j in range(len(conversations))]
         self.calls += 1
+        turn_seeds = []
+        for (messages, _tools), seed in zip(conversations, seeds):
+            n = self.asked.get(id(messages), 0)
+            self.asked[id(messages)] = n + 1
+            turn_seeds.append(sub_seed(seed, n))  # (as run_episodes seeds a continuous agent's turns)
         gens = self.policy.generate(conversations, temperature=cfg.temperature, top_p=cfg.top_p,
-                                    max_new_tokens=cfg.max_new_tokens, seed=seed)
-        out = []
-        for (messages, _tools), g in zip(conversations, gens):
-            turn = sum(1 for m in messages if m.get("role") == "user") - 1
-            if g.completion_ids:
-                # sampling_logprobs: log-prob under the distribution actually sampled from (the behaviour policy).
-                self.records.setdefault(id(messages), []).append({
-                    "turn": max(turn, 0), "prompt_ids": list(g.prompt_ids), "completion_ids": list(g.completion_ids),
-                    "logprobs": [float(x) for x in g.sampling_logprobs], "finish_reason": g.finish_reason,
-                    "advantage": 0.0,
-                })
-            out.append(g.message)
-        return out
+                                    max_new_tokens=cfg.max_new_tokens, seeds=turn_seeds)
+        return [self.record(messages, g) for (messages, _tools), g in zip(conversations, gens)]
+
+    def turns(self) -> _RecordingTurns:
+        cfg = self.config
+        return _RecordingTurns(self, self.policy.turns(temperature=cfg.temperature, top_p=cfg.top_p,
+                                                       max_new_tokens=cfg.max_new_tokens, generations=True))
+
+    def record(self, messages: Sequence[dict[str, Any]], g: Any) -> dict[str, Any]:
+        """Keep a generated turn's record under its episode; its assistant message."""
+        turn = sum(1 for m in messages if m.get("role") == "user") - 1
+        if g.completion_ids:
+            # sampling_logprobs: log-prob under the distribution actually sampled from (the behaviour policy).
+            self.records.setdefault(id(messages), []).append({
+                "turn": max(turn, 0), "prompt_ids": list(g.prompt_ids), "completion_ids": list(g.completion_ids),
+                "logprobs": [float(x) for x in g.sampling_logprobs], "finish_reason": g.finish_reason,
+                "advantage": 0.0,
+            })
+        return g.message
+
+
+class _RecordingTurns:
+    """The policy's continuous turns (``HFAgent.turns``), each ended turn recorded as ``act_batch`` records it."""
+
+    def __init__(self, agent: _RecordingAgent, turns: Any) -> None:
+        self.agent, self.turns = agent, turns
+        self.messages: dict[Any, Sequence[dict[str, Any]]] = {}
+
+    @property
+    def busy(self) -> bool:
+        return self.turns.busy
+
+    def submit(self, key: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
+               seed: int | None = None) -> None:
+        self.messages[key] = messages
+        self.turns.submit(key, messages, tools, seed)
+
+    def step(self) -> list[tuple[Any, Any]]:
+        return [(key, out if isinstance(out, Exception) else self.agent.record(self.messages.pop(key), out))
+                for key, out in self.turns.step()]
 
 
 def _env_list(envs: Sequence[Any]) -> list[EnvironmentSpec]:
@@ -237,10 +277,13 @@ def _env_list(envs: Sequence[Any]) -> list[EnvironmentSpec]:
 
 
 def collect_rollouts(policy: Any, envs: Sequence[Any], sandbox: Any, config: RLConfig, step: int, seed: int | None = None,
-                     *, ref_model: Any = None) -> list[Rollout]:
-    """``group_size`` sampled episodes per environment (lockstep, batched generation), graded per episode and per
-    turn. ``policy`` is an ``HFAgent`` (anything with its ``generate``). With ``ref_model``, each assistant message
-    also gets ``ref_logprobs`` (the reference policy's log-probs of the sampled tokens, same temperature)."""
+                     *, ref_model: Any = None, lockstep: bool = False) -> list[Rollout]:
+    """``group_size`` sampled episodes per environment, graded per episode and per turn. ``policy`` is an
+    ``HFAgent`` (anything with its ``generate``): its turns are decoded continuously (``turns``; each episode's
+    next turn joins the batch as soon as its tools have run), or in lockstep rounds of batched generation
+    (``lockstep``, or a policy without ``turns``); each episode samples from its own seed, so both give the same
+    rollouts. With ``ref_model``, each assistant message also gets ``ref_logprobs`` (the reference policy's
+    log-probs of the sampled tokens, same temperature)."""
     seed = config.seed if seed is None else seed
     env_list = _env_list(envs)
     cases: list[tuple[EnvironmentSpec, FaultConfig | None]] = []
@@ -252,7 +295,9 @@ def collect_rollouts(policy: Any, envs: Sequence[Any], sandbox: Any, config: RLC
             cases.append((env, faults))
             meta.append((gi, k))
     agent = _RecordingAgent(policy, config, sub_seed(seed, step))
-    trajs = run_episodes(cases, agent, limits=Limits(max_steps_per_turn=config.max_steps_per_turn))
+    trajs = run_episodes(cases, agent, limits=Limits(max_steps_per_turn=config.max_steps_per_turn),
+                         seeds=[sub_seed("rl-sample", seed, step, gi, env_list[gi].env_id, k) for gi, k in meta],
+                         lockstep=lockstep or not callable(getattr(policy, "turns", None)))
 
     # One sandbox batch: every rollout as a whole, plus per turn for multi-turn environments.
     grade_cases: list[tuple[EnvironmentSpec, Trajectory, int | None]] = []
