@@ -1,7 +1,7 @@
 """A student's episodes in process: turns decoded continuously vs in lockstep rounds (``runner.run_episodes``).
 
     .venv/bin/python benchmarks/bench_episodes.py [--checkpoint DIR] [--envs 63] [--trials 2] [--batch 16] [--repeats 2]
-                                                  [--new-tokens 256] [--sft-steps 150]
+                                                  [--new-tokens 256] [--sft-steps 150] [--rollouts [--group 4]]
 
 ``--checkpoint``: a trained student's folder, e.g. the default run's SFT checkpoint
 (``.cowork/lake/models/sft-...``). Without it, a small student is fine-tuned here on the embedded teacher's
@@ -15,6 +15,11 @@ them. Both drivers run the same episodes greedily, interleaved, best of ``--repe
 
 Reported: wall time of the episodes (grading left out: it is the same either way), decode steps, the mean share
 of the batch's rows in use per step, and whether every trajectory is the same under both drivers.
+
+``--rollouts``: RL rollouts instead (``training.rl.collect_rollouts``, as an RL step collects them: ``--group``
+sampled episodes per environment, temperature 1, no faults, each episode from its own seed; the policy loaded as
+``train_rl`` loads it), in lockstep rounds or continuously; the wall time is the whole collection, grading
+included (the same either way), and the check is that every rollout (messages, sampled ids, rewards) is the same.
 """
 from __future__ import annotations
 
@@ -71,6 +76,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--sft-steps", type=int, default=150, help="fine-tuning steps of the student built without --checkpoint")
+    ap.add_argument("--rollouts", action="store_true", help="RL rollouts of the environments instead of the evaluation's episodes")
+    ap.add_argument("--group", type=int, default=4, help="with --rollouts: rollouts per environment")
     args = ap.parse_args()
 
     from cowork_pipeline.agents import decoding as decoding_module
@@ -84,7 +91,30 @@ def main() -> None:
             t0 = time.perf_counter()
             checkpoint = warm_student(list({id(e): e for e, _f in episodes}.values()), Path(tmp), args.sft_steps)
             print(f"fine-tuned a small student on the teacher's episodes in {time.perf_counter() - t0:.0f} s")
-        agent = HFAgent(checkpoint, device="cpu", max_new_tokens=args.new_tokens, batch_size=args.batch)
+        if args.rollouts:
+            import torch
+
+            from cowork_pipeline.training.rl import RLConfig, collect_rollouts
+            from cowork_pipeline.validation.sandbox import Sandbox
+
+            # (loaded as train_rl loads its policy: fp32, sampling unconstrained)
+            agent = HFAgent(checkpoint, device="cpu", max_new_tokens=args.new_tokens, batch_size=args.batch,
+                            temperature=1.0, dtype=torch.float32, strict_tools=False)
+            config = RLConfig("bench", group_size=args.group, max_new_tokens=args.new_tokens, gen_batch_size=args.batch)
+            envs = list({id(e): e for e, _f in episodes}.values())
+            sandbox = Sandbox(workers=1)
+
+            def drive(lockstep: bool) -> list:
+                rollouts = collect_rollouts(agent, envs, sandbox, config, step=0, seed=0, lockstep=lockstep)
+                return [(r.messages, r.reward, r.turn_rewards, [(s["prompt_ids"], s["completion_ids"]) for s in r.steps])
+                        for r in rollouts]
+        else:
+            agent = HFAgent(checkpoint, device="cpu", max_new_tokens=args.new_tokens, batch_size=args.batch)
+
+            def drive(lockstep: bool) -> list:
+                trajectories = run_episodes(episodes, agent, lockstep=lockstep)
+                return [(t.messages, t.termination, [{k: v for k, v in s.items() if k != "seconds"} for s in t.steps])
+                        for t in trajectories]
 
         counts = {"steps": 0, "rows": 0}
         step = decoding_module.Decoding.step
@@ -104,21 +134,28 @@ def main() -> None:
                 agent.clear_prefix_cache()  # (each run starts cold, as a fresh evaluation does)
                 counts.update(steps=0, rows=0)
                 t0 = time.perf_counter()
-                trajectories = run_episodes(episodes, agent, lockstep=lockstep)
+                outcomes[name] = drive(lockstep)
                 best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
                 stats[name] = (counts["steps"], counts["rows"] / max(counts["steps"], 1) / args.batch)
-                outcomes[name] = [(t.messages, t.termination, [{k: v for k, v in s.items() if k != "seconds"}
-                                                               for s in t.steps]) for t in trajectories]
-    calls = sum(len(t[2]) for t in outcomes["continuous"])
-    print(f"{len(episodes)} episodes ({args.envs} environments x {args.trials} faulted + 1 clean trial), batch "
-          f"{args.batch}, up to {args.new_tokens} tokens a turn, {calls} tool calls; best of {args.repeats}, interleaved")
+        if args.rollouts:
+            sandbox.close()
+    if args.rollouts:
+        turns = sum(len(o[3]) for o in outcomes["continuous"])
+        print(f"{len(outcomes['continuous'])} RL rollouts ({args.envs} environments x {args.group}, sampled), batch "
+              f"{args.batch}, up to {args.new_tokens} tokens a turn, {turns} assistant turns; best of {args.repeats}, "
+              f"interleaved; grading included")
+    else:
+        calls = sum(len(t[2]) for t in outcomes["continuous"])
+        print(f"{len(episodes)} episodes ({args.envs} environments x {args.trials} faulted + 1 clean trial), batch "
+              f"{args.batch}, up to {args.new_tokens} tokens a turn, {calls} tool calls; best of {args.repeats}, "
+              f"interleaved")
     print(f"{'driver':<22}{'wall s':>9}{'decode steps':>14}{'rows in use':>13}{'ratio':>8}")
     base = best["lockstep (baseline)"]
     for name in drivers:
         steps, used = stats[name]
         print(f"{name:<22}{best[name]:>9.1f}{steps:>14,}{used:>12.0%}{best[name] / base:>7.2f}x")
     same = outcomes["continuous"] == outcomes["lockstep (baseline)"]
-    print(f"the same trajectories under both drivers: {'yes' if same else 'NO'}")
+    print(f"the same {'rollouts' if args.rollouts else 'trajectories'} under both drivers: {'yes' if same else 'NO'}")
     if not same:
         sys.exit(1)
 

@@ -42,15 +42,23 @@ SMOKE = {
                     [r"warm start: eval reward", r"binary_traj +0 +[\d.]+ -> [\d.]+"]),
 }
 
+# Further modes of a benchmark, each run as its own smoke run.
+VARIANTS = {
+    "bench_episodes.py": [(["--rollouts", "--group", "2", "--envs", "2", "--new-tokens", "8", "--batch", "2", "--repeats",
+                            "1", "--sft-steps", "1"],
+                           [r"continuous +[\d.]+ +[\d,]+ +\d+% +[\d.]+x", r"the same rollouts under both drivers: yes"])],
+}
+RUNS = [pytest.param(script, args, markers, id=f"{script} {args[0]}" if k else script) for script in sorted(SMOKE)
+        for k, (args, markers) in enumerate([SMOKE[script], *VARIANTS.get(script, [])])]
+
 
 def test_every_benchmark_has_a_smoke_run() -> None:
     on_disk = {p.name for p in (ROOT / "benchmarks").glob("bench_*.py")}
     assert on_disk == set(SMOKE), f"add the new benchmark to SMOKE (or drop the deleted one): {on_disk ^ set(SMOKE)}"
 
 
-@pytest.mark.parametrize("script", sorted(SMOKE))
-def test_benchmark_runs_and_leaves_no_files(script: str, tmp_path: Path) -> None:
-    args, markers = SMOKE[script]
+@pytest.mark.parametrize("script,args,markers", RUNS)
+def test_benchmark_runs_and_leaves_no_files(script: str, args: list[str], markers: list[str], tmp_path: Path) -> None:
     scratch = tmp_path / "tmp"  # the benchmark's temporary folders go here, and must be gone when it exits
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch), "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
