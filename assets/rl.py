@@ -10,12 +10,14 @@ from assets.models import CHECKPOINT_SCHEMA, envs_by_split, local_model, model_d
 from cowork_pipeline.quality import Expect
 from resources import ComputeResource, LakeResource, ProfileResource
 
+# 2: each rollout samples from its own seed, its turns decoded continuously; LoRA for a pretrained checkpoint.
+RL_CODE_VERSION = "2"
 CURVE_SCHEMA = {"config": pl.String, "step": pl.Int64, "mean_reward": pl.Float64, "pass_rate": pl.Float64, "metrics_json": pl.String}
 
 
 @dg.multi_asset(
-    specs=[dg.AssetSpec("rl_rollouts", deps=["checkpoints", "environment_splits"], group_name="training", code_version="1"),
-           dg.AssetSpec("rl_checkpoints", group_name="training", code_version="1")],
+    specs=[dg.AssetSpec("rl_rollouts", deps=["checkpoints", "environment_splits"], group_name="training", code_version=RL_CODE_VERSION),
+           dg.AssetSpec("rl_checkpoints", group_name="training", code_version=RL_CODE_VERSION)],
     check_specs=[check_spec("rl_rollouts", "unique rollout ids; token log-probs stored"),
                  check_spec("rl_checkpoints", "one checkpoint per configuration")],
     pool="gpu", can_subset=False,
@@ -58,12 +60,12 @@ def rl_training(context: AssetExecutionContext, lake: LakeResource, profile: Pro
                 curves.append({"config": name, "step": int(r.get("step", 0)), "mean_reward": float(r.get("mean_reward", 0.0)),
                                "pass_rate": float(r.get("pass_rate", 0.0)), "metrics_json": json.dumps(r, default=str)})
             registry.append({"checkpoint_id": ckpt_id, "kind": "rl", "path": publish_model(lk, res.checkpoint, ckpt_id), "base_checkpoint_id": base["checkpoint_id"],
-                             "base_model": base["base_model"], "config_json": json.dumps(cfg.__dict__, default=str),
+                             "base_model": base["base_model"], "config_json": json.dumps(res.config.__dict__, default=str),
                              "data_versions_json": json.dumps(upstream), "metrics_json": json.dumps(res.curve[-1] if res.curve else {}, default=str),
                              "device": device})
     schema = rollout_schema()
     roll_df = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
-    lin = lineage(context, "rl_rollouts", "1", upstream)
+    lin = lineage(context, "rl_rollouts", RL_CODE_VERSION, upstream)
     mat, check = write_checked(context, lk, "rl_rollouts", roll_df, lin=lin, key=["rollout_id"],
                                suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "rollout_id"}),
                                       Expect("ExpectColumnValuesToNotBeNull", {"column": "logprobs"})])
@@ -73,7 +75,7 @@ def rl_training(context: AssetExecutionContext, lake: LakeResource, profile: Pro
     yield mat
     yield check
     mat2, check2 = write_checked(context, lk, "rl_checkpoints", pl.DataFrame(registry, schema=CHECKPOINT_SCHEMA), key=["checkpoint_id"],
-                                 lin=lineage(context, "rl_checkpoints", "1", upstream),
+                                 lin=lineage(context, "rl_checkpoints", RL_CODE_VERSION, upstream),
                                  suite=[Expect("ExpectColumnValuesToBeUnique", {"column": "checkpoint_id"})])
     yield mat2
     yield check2

@@ -383,6 +383,7 @@ def test_default_config_one_step(config, warm, env, drafted, sandbox, tmp_path):
     for key in ("step", "mean_reward", "pass_rate", "mean_turn_reward", "loss", "ratio_mean", "clip_frac", "approx_kl", "kl"):
         assert key in row and math.isfinite(float(row[key]))
     assert row["ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # one inner epoch: on-policy
+    assert result.config.lora is False  # the embedded student trains whole
     assert len(result.rollouts) == 4
     for r in result.rollouts:
         assert r["config"] == cfg.name and r["n_messages"] == len(r["completion_ids"]) == len(r["logprobs"])
@@ -404,6 +405,84 @@ def test_default_config_one_step(config, warm, env, drafted, sandbox, tmp_path):
         msg = agent.act([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}], [])
         assert msg["role"] == "assistant"
         assert json.loads((result.checkpoint / "rl_config.json").read_text())["name"] == "partial_group"
+
+
+def test_gradient_checkpointing_recomputes_the_layers_and_gives_the_same_update(warm, env, sandbox):
+    """With ``gradient_checkpointing`` the update runs the model in train mode, dropout off, so each decoder layer
+    runs twice per micro-batch (forward, and again in the backward pass), and the weights it gives are the ones
+    the update gives without it."""
+    import torch
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.rl import _checkpoint_layers, _vocab_limit
+
+    policy = HFAgent(warm["sft"], device="cpu", dtype=torch.float32, strict_tools=False)
+    cfg = RLConfig("check", group_size=2, max_new_tokens=48, max_steps_per_turn=3, lr=1e-3)
+    rollouts = collect_rollouts(policy, [env], sandbox, cfg, step=0, seed=1)
+    for j, r in enumerate(rollouts):
+        for s in r.steps:
+            s["advantage"] = 1.0 if j % 2 == 0 else -1.0
+    outcome = {}
+    for checkpointed in (False, True):
+        model = copy.deepcopy(policy.model)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        if checkpointed:
+            _checkpoint_layers(model)
+        # (the forward of a module inside a layer, counted: the recompute runs it again, not the modules' hooks)
+        mlp = next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")).mlp
+        runs, forward = [], mlp.forward
+        mlp.forward = lambda *a, forward=forward, runs=runs, **k: runs.append(1) or forward(*a, **k)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        model.eval()
+        stats = policy_update(model, rollouts, dataclasses.replace(cfg, gradient_checkpointing=checkpointed), optimizer,
+                              vocab_limit=_vocab_limit(policy))
+        assert stats["updated"] == 1.0 and stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert not model.training  # (left as it was)
+        outcome[checkpointed] = (len(runs), [p.detach().clone() for p in model.parameters()])
+    assert outcome[False][0] > 0 and outcome[True][0] == 2 * outcome[False][0]
+    moved = [not torch.equal(a, b) for a, b in zip(outcome[False][1], policy.model.parameters())]
+    assert sum(moved) > len(moved) // 2
+    for a, b in zip(outcome[False][1], outcome[True][1]):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_pretrained_checkpoint_trains_lora_adapters_toward_the_rewarded_action(warm, env, demos, sandbox, tmp_path):
+    """A checkpoint that is not the embedded student (the warm student without its marker, as a user's pretrained
+    model comes) trains LoRA adapters, as SFT does: the reference policy is the model with its adapters off (KL 0
+    before the first update, no second copy), only the linear layers' weights change, the rewarded status gains
+    on the unrewarded one at both decision points, and the result is one plain merged checkpoint."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from cowork_pipeline.agents.hf_agent import HFAgent
+    from cowork_pipeline.training.student import STUDENT_MARKER
+
+    pretrained = tmp_path / "pretrained"
+    shutil.copytree(warm["sft"], pretrained)
+    (pretrained / STUDENT_MARKER).unlink()
+    cfg = RLConfig("partial_group", reward="partial", normalize="group", credit="trajectory", group_size=8, lr=3e-3,
+                   max_new_tokens=48, max_steps_per_turn=3, seed=RL_SEED, lora_r=8, lora_alpha=16,
+                   gradient_checkpointing=True)  # (as on a GPU, where LoRA checkpoints by default)
+    result = train_rl(pretrained, [env], sandbox, cfg, steps=RL_STEPS, out_dir=tmp_path / "rl", device="cpu")
+    assert result.config.lora is True
+    assert json.loads((result.checkpoint / "rl_config.json").read_text())["lora"] is True
+    assert result.curve[0]["kl"] == pytest.approx(0.0, abs=1e-4) and result.curve[-1]["kl"] > 1e-4
+    assert result.curve[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert not (result.checkpoint / "adapter_config.json").exists() and not (result.checkpoint / STUDENT_MARKER).exists()
+    before, after = load_file(pretrained / "model.safetensors"), load_file(result.checkpoint / "model.safetensors")
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    # (the linear layers: the attention and MLP projections, and here the student's pointer head)
+    assert any(k.endswith("self_attn.q_proj.weight") for k in changed)
+    assert all(k.endswith(".weight") and before[k].dim() == 2 and "embed" not in k for k in changed), sorted(changed)
+    margin_before, margin_after = _decision_margin(pretrained, demos), _decision_margin(result.checkpoint, demos)
+    print("LoRA decision margin", round(margin_before, 3), "->", round(margin_after, 3))
+    assert margin_after > margin_before + 0.5
+    agent = HFAgent(result.checkpoint, device="cpu", max_new_tokens=8)
+    assert agent.act([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}], [])["role"] == "assistant"
 
 
 def _decision_margin(checkpoint: Path, demos: list[dict]) -> float:

@@ -61,7 +61,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -98,6 +98,16 @@ class RLConfig:
     fault_rate: float = 0.0  # injected tool faults in rollouts (seeded per rollout)
     micro_batch_tokens: int = 16384  # padded tokens per forward/backward in the update
     gen_batch_size: int = 16
+    # None: LoRA adapters for a pretrained checkpoint, the whole model for the embedded student (as SFT chooses).
+    # LoRA keeps the base frozen (bf16 on a GPU) and the reference policy is the base with the adapters off: an 8B
+    # model's weights take 16 GB, where training it whole takes ~160 (fp32 weights, gradients, Adam moments and a
+    # reference copy), more than one GPU holds.
+    lora: bool | None = None
+    lora_r: int = 16
+    lora_alpha: int = 32
+    # None: on for LoRA on a GPU. The update keeps each layer's input only and recomputes the rest in the backward
+    # pass: a micro-batch of 16k tokens through an 8B model would otherwise hold ~90 GB of activations.
+    gradient_checkpointing: bool | None = None
 
     def __post_init__(self) -> None:
         if self.reward not in ("binary", "partial"):
@@ -158,7 +168,7 @@ class RLResult:
     checkpoint: Path
     curve: list[dict[str, Any]]
     rollouts: list[dict[str, Any]]  # rollout_rows of every step
-    config: RLConfig | None = None
+    config: RLConfig | None = None  # as run: ``lora`` resolved
     seconds: float = 0.0
 
 
@@ -444,6 +454,39 @@ def _model_device(model: Any) -> str:
     return str(next(model.parameters()).device)
 
 
+def _checkpoint_layers(model: Any) -> None:
+    """Gradient checkpointing, with dropout off everywhere (its dropout layers, and attention that drops by a rate
+    it keeps), since :func:`policy_update` runs a checkpointed model in train mode, where checkpointing applies."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    enable = getattr(model, "activation_checkpointing_enable", None)  # (transformers 5's name; the old one warns)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+class _AdaptersOff:
+    """The reference policy of a LoRA run: the model being trained with its adapters off (the base it started
+    from), instead of a second copy of it."""
+
+    def __init__(self, model: Any, adapters: Any) -> None:
+        self.model, self.adapters = model, adapters
+        self.config = model.config
+
+    def parameters(self) -> Any:
+        return self.model.parameters()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.adapters.disable_adapter():
+            return self.model(*args, **kwargs)
+
+
 def _attach_ref_logprobs(ref_model: Any, rollouts: Sequence[Rollout], config: RLConfig, vocab_limit: int | None) -> None:
     import torch
 
@@ -463,7 +506,9 @@ def policy_update(model: Any, rollouts: Sequence[Rollout], config: RLConfig, opt
     """``inner_epochs`` clipped policy-gradient steps on the rollouts' assistant messages (see the module doc).
 
     Messages with zero advantage contribute no gradient unless ``kl_coef > 0``; they are skipped in the forward
-    pass but still count in the token-mean denominator, so skipping changes nothing but the cost."""
+    pass but still count in the token-mean denominator, so skipping changes nothing but the cost. A model with
+    gradient checkpointing (``config.gradient_checkpointing``, as ``train_rl`` sets it up: dropout off) runs in
+    train mode, the only mode in which it recomputes its layers."""
     import torch
 
     items = [s for r in rollouts for s in r.steps if s["completion_ids"]]
@@ -480,7 +525,8 @@ def policy_update(model: Any, rollouts: Sequence[Rollout], config: RLConfig, opt
     params = [p for p in model.parameters() if p.requires_grad]
     batches = _micro_batches(active, config.micro_batch_tokens)
     was_training = model.training
-    model.eval()  # no dropout: the first epoch's ratios are exactly 1
+    # No dropout: the first epoch's ratios are exactly 1 (a checkpointed model's dropout is off in train mode).
+    model.train(bool(config.gradient_checkpointing))
     sums = {"loss": 0.0, "pg": 0.0, "ratio": 0.0, "clip": 0.0, "akl": 0.0, "kl_ref": 0.0, "tok": 0.0, "gn": 0.0}
     rmin, rmax = math.inf, -math.inf
     for _epoch in range(config.inner_epochs):
@@ -526,8 +572,7 @@ def policy_update(model: Any, rollouts: Sequence[Rollout], config: RLConfig, opt
         sums["gn"] += float(gn)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if was_training:
-        model.train()
+    model.train(was_training)
     e, tok = config.inner_epochs, max(sums["tok"], 1.0)
     stats.update(loss=sums["loss"] / e, pg_loss=sums["pg"] / e, ratio_mean=sums["ratio"] / tok, ratio_min=rmin,
                  ratio_max=rmax, clip_frac=sums["clip"] / tok, approx_kl=sums["akl"] / tok,
@@ -612,15 +657,18 @@ def _select_envs(envs: list[EnvironmentSpec], config: RLConfig, step: int) -> li
     return [envs[(start + i) % len(envs)] for i in range(config.envs_per_step)]
 
 
-def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, base_checkpoint: str | Path | None = None) -> Path:
-    """A plain checkpoint (model + tokenizer + generation config) that ``HFAgent`` reloads; keeps the student marker."""
+def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, base_checkpoint: str | Path | None = None,
+                    *, keep_dtype: bool = False) -> Path:
+    """A plain checkpoint (model + tokenizer + generation config) that ``HFAgent`` reloads; keeps the student marker.
+    Saved in fp32 unless ``keep_dtype`` (a LoRA run's merged bf16 model stays bf16, as its base came)."""
     import torch
 
     from cowork_pipeline.training.student import STUDENT_MARKER
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = model if next(model.parameters()).dtype == torch.float32 else model.to(torch.float32)
+    if not keep_dtype and next(model.parameters()).dtype != torch.float32:
+        model = model.to(torch.float32)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     if base_checkpoint is not None and (Path(base_checkpoint) / STUDENT_MARKER).is_file():
@@ -632,30 +680,50 @@ def train_rl(base_checkpoint: str | Path, envs: Sequence[Any], sandbox: Any, con
              out_dir: str | Path, on_step: Callable[[dict[str, Any]], None] | None = None, device: str = "auto",
              *, track_ref_kl: bool = True) -> RLResult:
     """``steps`` iterations of collect -> advantages -> update from ``base_checkpoint``; saves the final policy to
-    ``out_dir``. ``track_ref_kl`` keeps a frozen copy of the initial policy to report KL to it (always kept when
-    ``kl_coef > 0``)."""
+    ``out_dir``. ``track_ref_kl`` keeps the initial policy to report KL to it (always kept when ``kl_coef > 0``): a
+    frozen copy of the model, or, training LoRA adapters (``config.lora``), the model with its adapters off."""
     import torch
 
     from cowork_pipeline.agents.hf_agent import HFAgent, resolve_device
+    from cowork_pipeline.training.student import check_checkpoint, is_student_checkpoint
 
     t0 = time.perf_counter()
     dev = resolve_device(device)
+    base = check_checkpoint(base_checkpoint)
+    config = replace(config, lora=not is_student_checkpoint(base) if config.lora is None else bool(config.lora))
     torch.manual_seed(config.seed)
-    # fp32 master weights for the update; the same module samples (no copy between sampling and training).
+    # fp32 master weights for the update (LoRA: the adapters'; a frozen base stays bf16 on a GPU); the same module
+    # samples (no copy between sampling and training).
     # Sampling is unconstrained (strict_tools=False): the update recomputes the model's own distribution, and a
     # grammar-masked behaviour policy would make first-epoch ratios != 1 (as top-p would); invalid calls are
     # simply what the rewards teach the policy out of.
-    policy = HFAgent(base_checkpoint, device=dev, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                     top_p=config.top_p, seed=config.seed, batch_size=config.gen_batch_size, dtype=torch.float32,
+    dtype = torch.bfloat16 if config.lora and dev.startswith("cuda") else torch.float32
+    policy = HFAgent(base, device=dev, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                     top_p=config.top_p, seed=config.seed, batch_size=config.gen_batch_size, dtype=dtype,
                      strict_tools=False)
     model = policy.model
-    for p in model.parameters():
-        p.requires_grad_(True)
-    ref_model = None
-    if config.kl_coef > 0 or track_ref_kl:
-        ref_model = copy.deepcopy(model).eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
+    adapters = None
+    ref_model: Any = None
+    if config.lora:
+        from peft import LoraConfig, get_peft_model
+
+        # (the adapters go into the agent's own model, in place: it samples from the policy being trained; no
+        # dropout, so the sampled log-probs are the ones the update recomputes)
+        adapters = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                                                    target_modules="all-linear", task_type="CAUSAL_LM"))
+        if config.kl_coef > 0 or track_ref_kl:
+            ref_model = _AdaptersOff(model, adapters)
+    config = replace(config, gradient_checkpointing=bool(config.lora and dev.startswith("cuda"))
+                     if config.gradient_checkpointing is None else bool(config.gradient_checkpointing))
+    if config.gradient_checkpointing:
+        _checkpoint_layers(model)
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        if config.kl_coef > 0 or track_ref_kl:
+            ref_model = copy.deepcopy(model).eval()
+            for p in ref_model.parameters():
+                p.requires_grad_(False)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                   betas=(0.9, 0.99), weight_decay=config.weight_decay)
     env_list = _env_list(envs)
@@ -680,7 +748,9 @@ def train_rl(base_checkpoint: str | Path, envs: Sequence[Any], sandbox: Any, con
         if on_step is not None:
             on_step(row)
     model.eval()
-    out = save_checkpoint(model, policy.tokenizer, out_dir, base_checkpoint)
+    if adapters is not None:
+        model = adapters.merge_and_unload()  # a plain checkpoint for HFAgent, the server and vLLM
+    out = save_checkpoint(model, policy.tokenizer, out_dir, base_checkpoint, keep_dtype=adapters is not None)
     (out / "rl_config.json").write_text(json.dumps({**asdict(config), "steps": steps, "base": str(base_checkpoint)},
                                                    indent=2, sort_keys=True))
     (out / "rl_curve.json").write_text(json.dumps(curve, indent=2))
