@@ -697,7 +697,7 @@ def train_rl(base_checkpoint: str | Path, envs: Sequence[Any], sandbox: Any, con
     # Sampling is unconstrained (strict_tools=False): the update recomputes the model's own distribution, and a
     # grammar-masked behaviour policy would make first-epoch ratios != 1 (as top-p would); invalid calls are
     # simply what the rewards teach the policy out of.
-    dtype = torch.bfloat16 if config.lora and dev.startswith("cuda") else torch.float32
+    dtype = None if config.lora else torch.float32  # (None: the agent's, bf16 on a GPU that has it, else fp32)
     policy = HFAgent(base, device=dev, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                      top_p=config.top_p, seed=config.seed, batch_size=config.gen_batch_size, dtype=dtype,
                      strict_tools=False)
