@@ -1,6 +1,7 @@
 """RL on a pretrained checkpoint: peak memory of one RL step, the model trained whole against LoRA adapters.
 
-    .venv/bin/python benchmarks/bench_rl_memory.py [--hidden 768] [--layers 12] [--group 2] [--new-tokens 16]
+    .venv/bin/python benchmarks/bench_rl_memory.py [--hidden 1024] [--layers 8] [--group 2] [--new-tokens 16]
+                                                   [--micro-batch-tokens 2048]
 
 A plain Qwen3 model of the given shape (random weights, the student's tokenizer, no student marker: shaped as a
 user's pretrained checkpoint comes) takes one RL step with the KL to its reference policy: ``--group`` rollouts of
@@ -9,8 +10,12 @@ the two-turn invoice task of ``tests/test_rl.py``, graded, and one update. Each 
 - whole (the baseline): ``RLConfig(lora=False)``: fp32 weights, their gradients, AdamW's two moments and a frozen
   reference copy;
 - LoRA: ``lora=True`` (what a pretrained checkpoint gets): the adapters trained, the reference the model with its
-  adapters off;
-- LoRA with gradient checkpointing (``gradient_checkpointing=True``, as on a GPU).
+  adapters off, each layer recomputed in the backward pass (``gradient_checkpointing``, LoRA's default);
+- LoRA without gradient checkpointing (``gradient_checkpointing=False``): what the default saves.
+
+The update's micro-batches hold ``--micro-batch-tokens`` padded tokens (``RLConfig.micro_batch_tokens``): the
+activations of a micro-batch grow with it, the weights' share does not, and on a model of a user's size the
+weights' share is most of it (an 8B model: 16 bytes a parameter trained whole, plus a 4-byte reference copy).
 
 Reported: each process's peak resident memory (``ru_maxrss``) above the floor, a process that imports the same and
 loads the model without training it, and its ratio to the whole model's. On a GPU the same parts are what
@@ -32,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 WAYS = {"whole (baseline)": {"lora": False}, "LoRA": {"lora": True},
-        "LoRA + checkpointing": {"lora": True, "gradient_checkpointing": True}}
+        "LoRA, no checkpointing": {"lora": True, "gradient_checkpointing": False}}
 
 
 def build(out: Path, hidden: int, layers: int) -> tuple[Path, int]:
@@ -62,7 +67,7 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def child(mode: str, checkpoint: Path, group: int, new_tokens: int, out: Path) -> None:
+def child(mode: str, checkpoint: Path, group: int, new_tokens: int, micro_batch_tokens: int, out: Path) -> None:
     """One way, in this process: prints its peak resident memory (KiB) and seconds as JSON."""
     import torch
 
@@ -80,7 +85,7 @@ def child(mode: str, checkpoint: Path, group: int, new_tokens: int, out: Path) -
         result = None
     else:
         cfg = RLConfig("bench", group_size=group, max_new_tokens=new_tokens, max_steps_per_turn=2, kl_coef=0.05,
-                       **WAYS[mode])
+                       micro_batch_tokens=micro_batch_tokens, **WAYS[mode])
         with Sandbox(workers=1) as sandbox:
             result = train_rl(checkpoint, [small_env()], sandbox, cfg, steps=1, out_dir=out, device="cpu")
     print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -90,33 +95,36 @@ def child(mode: str, checkpoint: Path, group: int, new_tokens: int, out: Path) -
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--group", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--micro-batch-tokens", type=int, default=2048)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.checkpoint, args.group, args.new_tokens, args.out)
+        child(args.child, args.checkpoint, args.group, args.new_tokens, args.micro_batch_tokens, args.out)
         return
 
     with tempfile.TemporaryDirectory(prefix="bench_rl_memory_") as tmp:
         checkpoint, params = build(Path(tmp) / "pretrained", args.hidden, args.layers)
         print(f"a pretrained-shaped Qwen3: hidden {args.hidden}, {args.layers} layers, {params / 1e6:.1f}M parameters "
               f"({params * 4 / 2**20:.0f} MiB in fp32); one RL step: {args.group} rollouts of a two-turn task, up to "
-              f"{args.new_tokens} tokens a turn, one update with the KL to the reference; each way in its own process")
+              f"{args.new_tokens} tokens a turn, one update with the KL to the reference in micro-batches of "
+              f"{args.micro_batch_tokens:,} tokens; each way in its own process")
         peaks: dict[str, dict] = {}
         for k, mode in enumerate(["floor", *WAYS]):
             proc = subprocess.run([sys.executable, __file__, "--child", mode, "--checkpoint", str(checkpoint),
                                    "--group", str(args.group), "--new-tokens", str(args.new_tokens),
+                                   "--micro-batch-tokens", str(args.micro_batch_tokens),
                                    "--out", str(Path(tmp) / f"rl{k}")], capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{mode} failed:\n{proc.stderr[-3000:]}")
             peaks[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
     floor = peaks["floor"]["maxrss_kib"] / 1024
-    base = peaks["whole (baseline)"]["maxrss_kib"] / 1024 - floor
+    base = max(peaks["whole (baseline)"]["maxrss_kib"] / 1024 - floor, 1.0)  # (at a smoke run's size, ~0)
     print(f"floor (imports, the model loaded): {floor:,.0f} MiB")
     print(f"{'way':<24}{'trains':>8}{'peak above floor MiB':>22}{'ratio':>8}{'seconds':>9}")
     for mode in WAYS:

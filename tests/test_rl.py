@@ -450,8 +450,9 @@ def test_gradient_checkpointing_recomputes_the_layers_and_gives_the_same_update(
 def test_a_pretrained_checkpoint_trains_lora_adapters_toward_the_rewarded_action(warm, env, demos, sandbox, tmp_path):
     """A checkpoint that is not the embedded student (the warm student without its marker, as a user's pretrained
     model comes) trains LoRA adapters, as SFT does: the reference policy is the model with its adapters off (KL 0
-    before the first update, no second copy), only the linear layers' weights change, the rewarded status gains
-    on the unrewarded one at both decision points, and the result is one plain merged checkpoint."""
+    before the first update, no second copy; layers recomputed in the backward pass), only the linear layers'
+    weights change, the rewarded status gains on the unrewarded one at both decision points, and the result is one
+    plain merged checkpoint."""
     import shutil
 
     import torch
@@ -464,10 +465,9 @@ def test_a_pretrained_checkpoint_trains_lora_adapters_toward_the_rewarded_action
     shutil.copytree(warm["sft"], pretrained)
     (pretrained / STUDENT_MARKER).unlink()
     cfg = RLConfig("partial_group", reward="partial", normalize="group", credit="trajectory", group_size=8, lr=3e-3,
-                   max_new_tokens=48, max_steps_per_turn=3, seed=RL_SEED, lora_r=8, lora_alpha=16,
-                   gradient_checkpointing=True)  # (as on a GPU, where LoRA checkpoints by default)
+                   max_new_tokens=48, max_steps_per_turn=3, seed=RL_SEED, lora_r=8, lora_alpha=16)
     result = train_rl(pretrained, [env], sandbox, cfg, steps=RL_STEPS, out_dir=tmp_path / "rl", device="cpu")
-    assert result.config.lora is True
+    assert result.config.lora is True and result.config.gradient_checkpointing is True
     assert json.loads((result.checkpoint / "rl_config.json").read_text())["lora"] is True
     assert result.curve[0]["kl"] == pytest.approx(0.0, abs=1e-4) and result.curve[-1]["kl"] > 1e-4
     assert result.curve[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)

@@ -105,8 +105,9 @@ class RLConfig:
     lora: bool | None = None
     lora_r: int = 16
     lora_alpha: int = 32
-    # None: on for LoRA on a GPU. The update keeps each layer's input only and recomputes the rest in the backward
-    # pass: a micro-batch of 16k tokens through an 8B model would otherwise hold ~90 GB of activations.
+    # None: on for LoRA. The update keeps each layer's input only and recomputes the rest in the backward pass: a
+    # micro-batch of 16k tokens through an 8B model would otherwise hold ~90 GB of activations, and LoRA's
+    # activations are more than the whole model's (bench_rl_memory.py).
     gradient_checkpointing: bool | None = None
 
     def __post_init__(self) -> None:
@@ -713,8 +714,8 @@ def train_rl(base_checkpoint: str | Path, envs: Sequence[Any], sandbox: Any, con
                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
         if config.kl_coef > 0 or track_ref_kl:
             ref_model = _AdaptersOff(model, adapters)
-    config = replace(config, gradient_checkpointing=bool(config.lora and dev.startswith("cuda"))
-                     if config.gradient_checkpointing is None else bool(config.gradient_checkpointing))
+    config = replace(config, gradient_checkpointing=bool(config.lora) if config.gradient_checkpointing is None
+                     else bool(config.gradient_checkpointing))
     if config.gradient_checkpointing:
         _checkpoint_layers(model)
     else:
