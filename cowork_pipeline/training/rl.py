@@ -169,7 +169,7 @@ class RLResult:
     checkpoint: Path
     curve: list[dict[str, Any]]
     rollouts: list[dict[str, Any]]  # rollout_rows of every step
-    config: RLConfig | None = None  # as run: ``lora`` resolved
+    config: RLConfig | None = None  # as run: ``lora`` and ``gradient_checkpointing`` resolved
     seconds: float = 0.0
 
 
