@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -56,15 +57,8 @@ def build(out: Path, hidden: int, layers: int) -> tuple[Path, int]:
     from safetensors import safe_open
 
     with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
-        params = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
     return Path(path), params
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def child(mode: str, checkpoint: Path, group: int, new_tokens: int, micro_batch_tokens: int, out: Path) -> None:
