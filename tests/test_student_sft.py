@@ -358,6 +358,35 @@ def test_sft_keeps_whole_demonstrations_up_to_the_checkpoint_context(student_dir
     assert (capped.max_length, capped.truncated) == (400, 2)
 
 
+def test_a_batch_padded_at_its_end_trains_without_its_mask_to_the_same_weights(student_dir, tmp_path, monkeypatch):
+    """The pointer student's trainer leaves out the mask of a batch padded only at its end, so attention runs its
+    causal kernel (about twice as fast on CPU); the weights it trains are the masked run's to the bit."""
+    from cowork_pipeline.training import sft
+
+    demos = demonstrations(8)
+    for i, d in enumerate(demos):  # lengths that differ, so that every batch of two pads one of its rows
+        d["messages"][1] = {**d["messages"][1], "content": d["messages"][1]["content"] + " Thanks." * (3 * i)}
+    settings = sft.SFTSettings(max_steps=6, lr=3e-3, batch_size=2, device="cpu")
+    unmasked = []
+    causal_sdpa = sft._causal_sdpa
+
+    def counted(module, query, key, value, attention_mask, **kwargs):
+        unmasked.append(attention_mask is None and kwargs.get("expand_kv_heads", False))
+        return causal_sdpa(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(sft, "_causal_sdpa", counted)
+    fast = sft.train_sft(student_dir, sft.to_sft_dataset(demos), tmp_path / "fast", settings)
+    assert unmasked and all(unmasked)  # every batch was padded, and none kept its mask
+    model, _ = load_checkpoint(fast.checkpoint, device="cpu")
+    assert model.config._attn_implementation == "sdpa"  # the saved student runs as any other
+
+    monkeypatch.setattr(sft, "_causal_attention", lambda model: False)
+    masked = sft.train_sft(student_dir, sft.to_sft_dataset(demos), tmp_path / "masked", settings)
+    assert len(unmasked) == 6 * TINY.num_layers  # a call per layer and step, none from the masked run
+    assert (fast.checkpoint / "model.safetensors").read_bytes() == (masked.checkpoint / "model.safetensors").read_bytes()
+    assert [r["loss"] for r in fast.loss_curve if "loss" in r] == [r["loss"] for r in masked.loss_curve if "loss" in r]
+
+
 # --- settings -----------------------------------------------------------------------------------------------
 def test_sft_settings_resolve_per_kind_of_checkpoint():
     from cowork_pipeline.training.sft import SFTSettings, resolve_settings
