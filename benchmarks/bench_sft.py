@@ -1,6 +1,13 @@
 """SFT throughput: our CPU SFTConfig vs TRL SFTTrainer defaults, same model, data and batch size.
 
     .venv/bin/python benchmarks/bench_sft.py [--checkpoint DIR] [--steps 4] [--batch 8]
+    .venv/bin/python benchmarks/bench_sft.py --mask [--lake .cowork/lake --checkpoint DIR] [--steps 30 --batch 2]
+
+``--mask``: the pointer student's SFT as the default run trains it (``train_sft``), batches padded only at their
+end trained without their attention mask (the causal kernel) against with it, from the same weights on the same
+batches, and whether both give the same weights to the bit. ``--lake`` takes a lake's demonstrations (the default
+run's are ~1,750 tokens long, where attention is most of a step), ``--checkpoint`` its base student; without them,
+this file's short demonstrations and a student of the default profile's shape built from them.
 
 Both runs use ``SFTTrainer`` on the same ``to_sft_dataset`` data from the same initial weights. Held equal
 in both (so only the performance-relevant defaults differ): batch size, max_steps, assistant-only loss,
@@ -56,7 +63,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=1, help="runs per config, alternating; best is reported")
+    ap.add_argument("--mask", action="store_true", help="the student's SFT without the mask of end-padded batches vs with it")
+    ap.add_argument("--lake", type=Path, help="--mask: train on this lake's demonstrations")
     args = ap.parse_args()
+    if args.mask:
+        return mask_main(args)
 
     import torch
 
@@ -128,6 +139,70 @@ def main() -> None:
     print(json.dumps({"ours_tok_s": round(best["ours"][0], 1), "trl_defaults_tok_s": round(best["trl_defaults"][0], 1),
                       "ratio": round(ratio, 2)}))
     tmp.cleanup()
+
+
+def lake_demonstrations(lake: Path) -> list[dict]:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(lake / "demonstrations")).to_pyarrow_table(columns=["messages_json", "tools_json"])
+    return [{"messages": json.loads(m), "tools": json.loads(t)}
+            for m, t in zip(table["messages_json"].to_pylist(), table["tools_json"].to_pylist())]
+
+
+def mask_main(args: argparse.Namespace) -> None:
+    import hashlib
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from datasets.utils.logging import disable_progress_bar
+    from transformers.utils import logging as hf_logging
+
+    from cowork_pipeline.agents.chat_format import render_conversation
+    from cowork_pipeline.training import sft
+    from cowork_pipeline.training.student import StudentConfig, build_student
+
+    disable_progress_bar()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as tmp:
+        demos = lake_demonstrations(args.lake) if args.lake else demonstrations(args.batch * args.steps)
+        # The default profile's student: 128 wide, 4 layers, 2,048 tokens, a 64-wide pointer head.
+        ckpt = args.checkpoint or build_student([render_conversation(d["messages"], d["tools"]) for d in demos],
+                                                Path(tmp) / "student", StudentConfig(
+                                                    vocab_size=2048, hidden_size=128, num_layers=4, intermediate_size=384,
+                                                    pointer_dim=64))
+        dataset = sft.to_sft_dataset(demos)
+        switch = sft._causal_attention
+
+        def run(unmasked: bool, steps: int) -> tuple[float, float, int, str]:
+            sft._causal_attention = switch if unmasked else (lambda model: False)
+            try:
+                res = sft.train_sft(ckpt, dataset, Path(tmp) / "out", sft.SFTSettings(
+                    max_steps=steps, batch_size=args.batch, lr=3e-3, assistant_loss_weight=4.0, device="cpu"))
+            finally:
+                sft._causal_attention = switch
+            digest = hashlib.sha256((res.checkpoint / "model.safetensors").read_bytes()).hexdigest()
+            return res.tokens_per_second, res.train_runtime_s, res.train_tokens, digest
+
+        run(True, 1)  # warm-up (first-use kernel selection, dataset preparation)
+        best: dict[str, tuple] = {}
+        digests: dict[str, str] = {}
+        for _ in range(args.repeats):
+            for name, unmasked in (("mask kept (baseline)", False), ("mask left out", True)):
+                res = run(unmasked, args.steps)
+                digests.setdefault(name, res[3])
+                assert digests[name] == res[3], f"{name}: another run gave other weights"
+                if name not in best or res[0] > best[name][0]:
+                    best[name] = res
+    print(f"student: {ckpt}, {len(dataset)} demonstrations{' of ' + str(args.lake) if args.lake else ''}, "
+          f"batch {args.batch}, {args.steps} steps, torch threads {torch.get_num_threads()}")
+    for name, (rate, runtime, tokens, digest) in best.items():
+        print(f"{name:21s} {rate:9.1f} tok/s  ({tokens} tokens in {runtime:.2f}s)  weights {digest[:12]}")
+    ratio = best["mask left out"][0] / best["mask kept (baseline)"][0]
+    print(f"speed-up without the mask: {ratio:.2f}x")
+    print(f"the same weights both ways: {len(set(digests.values())) == 1}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ SMOKE = {
 
 # Further modes of a benchmark, each run as its own smoke run.
 VARIANTS = {
+    "bench_sft.py": [(["--mask", "--steps", "2", "--batch", "2"],
+                      [r"speed-up without the mask: [\d.]+x", r"the same weights both ways: True"])],
     "bench_episodes.py": [(["--rollouts", "--group", "2", "--envs", "2", "--new-tokens", "8", "--batch", "2", "--repeats",
                             "1", "--sft-steps", "1"],
                            [r"continuous +[\d.]+ +[\d,]+ +\d+% +[\d.]+x", r"the same rollouts under both drivers: yes"])],

@@ -166,6 +166,27 @@ def test_incremental_decoding_with_cache_matches_full_forward(model, ids):
     assert cache.layers[-1].keys.shape[0] == 1
 
 
+def test_the_cache_keeps_each_source_key_as_a_full_forward_computes_it(model, ids):
+    """A step with the cache computes the keys of its new positions only (the token before one of them may be
+    cached, or new in the same step) and keeps them: they are the keys of a forward over the whole sequence."""
+    from transformers import DynamicCache
+
+    from cowork_pipeline.training.pointer import _prev_index
+
+    n, d = ids.shape[1], model.config.pointer_dim
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state
+        whole, _ = model._memory(hidden, ids, None, _prev_index(torch.ones_like(ids, dtype=torch.bool)))
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :10], cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids[:, 10:14], cache=cache, use_cache=True, attention_mask=torch.ones(2, 14, dtype=torch.long))
+        for i in range(14, n):
+            model(input_ids=ids[:, i:i + 1], cache=cache, use_cache=True, attention_mask=torch.ones(2, i + 1, dtype=torch.long))
+    kept = cache.layers[-1].keys[:, 0]
+    assert kept.shape == (2, n, 2 * d)
+    assert torch.allclose(kept[..., d:], whole, atol=1e-5)
+
+
 def test_left_padding_and_logits_to_keep_do_not_change_the_distribution(model, ids):
     pad = torch.cat([torch.zeros(1, 6, dtype=torch.long), ids[1:, :18]], 1)
     mask = torch.cat([torch.zeros(1, 6, dtype=torch.long), torch.ones(1, 18, dtype=torch.long)], 1)

@@ -95,28 +95,38 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
                 module.bias.fill_(1.0)
 
     # --- the pointer memory --------------------------------------------------------------------------------
-    def _memory(self, hidden: torch.Tensor, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(key_prev, key_src, ids) for every position so far: the new ones appended to the cached ones."""
+    def _memory(self, hidden: torch.Tensor, input_ids: torch.Tensor, cache: Any,
+                prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(source keys, ids) for every position so far, the new ones appended to the cached ones; ``prev`` is
+        :func:`_prev_index` of every position so far.
+
+        The cache layer holds each position's ``W_prev h`` beside its finished key: a position's key never changes
+        once written (the token before it is already there), so a decode step computes its own key only, instead of
+        gathering every position's again (a tenth of the student's decoding time)."""
         kp, ks = self.pointer_key_prev(hidden), self.pointer_key_src(hidden)
+        d = kp.shape[-1]
         if cache is None:
-            return kp, ks, input_ids
+            return kp.gather(1, prev.clamp(min=0)[..., None].expand(-1, -1, d)) + ks, input_ids
         n_layers = self.config.num_hidden_layers
         while len(cache.layers) <= n_layers:  # our extra layer sits after the backbone's
             cache.layers.append(DynamicLayer())
-        keys, ids = cache.layers[n_layers].update(torch.cat([kp, ks], -1)[:, None],
-                                                  input_ids[:, None, :, None].to(hidden.dtype))
-        d = kp.shape[-1]
-        return keys[:, 0, :, :d], keys[:, 0, :, d:], ids[:, 0, :, 0].round().long()
+        t = input_ids.shape[1]
+        # Appended with room for the keys, which are then written in place: the token before a new position may
+        # be one of the new ones.
+        stored, ids = cache.layers[n_layers].update(torch.cat([kp, torch.zeros_like(ks)], -1)[:, None],
+                                                    input_ids[:, None, :, None].to(hidden.dtype))
+        mem = stored[:, 0]  # (B, T, 2d): W_prev h, then the key
+        before = prev[:, -t:].clamp(min=0)[..., None].expand(-1, -1, d)
+        mem[:, -t:, d:] = mem[..., :d].gather(1, before) + ks
+        return mem[..., d:], ids[:, 0, :, 0].round().long()
 
-    def _pointer_scores(self, query_hidden: torch.Tensor, q_pos: torch.Tensor, kp: torch.Tensor, ks: torch.Tensor,
-                        ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _pointer_scores(self, query_hidden: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, ids: torch.Tensor,
+                        valid: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sentinel score (B, Q), source scores (B, Q, T), allowed (B, Q, T)) for each query.
 
         Source ``p`` proposes ``ids[p]``; "the token before" is the previous *real* token (padding skipped), so a
         left-padded or prefix-shared batch row scores exactly like the same sequence alone."""
-        prev = _prev_index(valid)  # (B, T)
-        d = kp.shape[-1]
-        keys = kp.gather(1, prev.clamp(min=0)[..., None].expand(-1, -1, d)) + ks
+        d = keys.shape[-1]
         q = self.pointer_query(query_hidden)  # (B, Q, d)
         scores = torch.einsum("bqd,bkd->bqk", q, keys).float() / math.sqrt(d)
         # Exact n-gram match of the tokens ending at the query with those before source p: continuing a value
@@ -170,16 +180,20 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
                          use_cache=use_cache, **{cache_kw: cache}, **kwargs)
         hidden = out.last_hidden_state
         b, t = input_ids.shape
-        kp, ks, ids = self._memory(hidden, input_ids, cache if use_cache else None)
-        total = ids.shape[1]
+        memory = cache if use_cache else None
+        n_layers = self.config.num_hidden_layers
+        past = cache.layers[n_layers].get_seq_length() if memory is not None and len(cache.layers) > n_layers else 0
+        total = past + t
         if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] == total:
             valid = attention_mask.bool()
         else:
-            valid = torch.ones((b, total), dtype=torch.bool, device=ids.device)
+            valid = torch.ones((b, total), dtype=torch.bool, device=input_ids.device)
+        prev = _prev_index(valid)  # (B, T)
+        keys, ids = self._memory(hidden, input_ids, memory, prev)
         offset = total - t
 
         if labels is not None:
-            loss = self._loss(hidden, ids, kp, ks, valid, offset, labels, num_items, label_weights, pointer_mask,
+            loss = self._loss(hidden, ids, keys, valid, prev, offset, labels, num_items, label_weights, pointer_mask,
                               vocab_path_mask)
             return _output(loss, None, _cache_of(out) if use_cache else None)
 
@@ -187,7 +201,7 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
         keep = min(keep, t)
         qh = hidden[:, t - keep:]
         q_pos = (offset + torch.arange(t - keep, t, device=ids.device))[None, :].expand(b, -1)
-        sentinel, scores, allowed = self._pointer_scores(qh, q_pos, kp, ks, ids, valid)
+        sentinel, scores, allowed = self._pointer_scores(qh, q_pos, keys, ids, valid, prev)
         log_a = torch.log_softmax(torch.cat([sentinel[..., None], scores.masked_fill(~allowed, _NEG)], -1), -1)
         p_vocab = torch.softmax(self.lm_head(qh).float(), -1)
         mixed = log_a[..., :1].exp() * p_vocab
@@ -195,7 +209,7 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
         mixed = mixed.scatter_add(-1, src_tokens, log_a[..., 1:].exp())
         return _output(None, torch.log(mixed + _TINY), _cache_of(out) if use_cache else None)
 
-    def _loss(self, hidden: torch.Tensor, ids: torch.Tensor, kp: torch.Tensor, ks: torch.Tensor, valid: torch.Tensor,
+    def _loss(self, hidden: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, prev: torch.Tensor,
               offset: int, labels: torch.Tensor, num_items: Any, weights: torch.Tensor | None = None,
               pointer_mask: torch.Tensor | None = None, vocab_path_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Mean -log p(label), computed for the label only (no (B, T, V) copy scatter).
@@ -220,7 +234,7 @@ class PointerQwen3ForCausalLM(Qwen3ForCausalLM):
             idx = torch.sort((~point).to(torch.int8), dim=1, stable=True).indices[:, :n_q]  # (B, Q)
             real_q = torch.arange(n_q, device=ids.device)[None, :] < counts[:, None]
             qh = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
-            sentinel, scores, allowed = self._pointer_scores(qh, offset + idx, kp, ks, ids, valid)
+            sentinel, scores, allowed = self._pointer_scores(qh, offset + idx, keys, ids, valid, prev)
             tgt_q = tgt.gather(1, idx)
             # Normaliser and label mass straight from the scores: no (B, Q, T) log-softmax or concatenation.
             log_norm = torch.logaddexp(sentinel, torch.logsumexp(scores.masked_fill(~allowed, _NEG), -1))
