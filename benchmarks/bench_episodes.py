@@ -24,6 +24,7 @@ included (the same either way), and the check is that every rollout (messages, s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -85,7 +86,7 @@ def main() -> None:
     from cowork_pipeline.runner import run_episodes
 
     episodes = cases(args.envs, args.trials)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         checkpoint = args.checkpoint
         if checkpoint is None:
             t0 = time.perf_counter()
@@ -102,7 +103,7 @@ def main() -> None:
                             temperature=1.0, dtype=torch.float32, strict_tools=False)
             config = RLConfig("bench", group_size=args.group, max_new_tokens=args.new_tokens, gen_batch_size=args.batch)
             envs = list({id(e): e for e, _f in episodes}.values())
-            sandbox = Sandbox(workers=1)
+            sandbox = stack.enter_context(Sandbox(workers=1))  # closed however the run ends
 
             def drive(lockstep: bool) -> list:
                 rollouts = collect_rollouts(agent, envs, sandbox, config, step=0, seed=0, lockstep=lockstep)
@@ -137,8 +138,6 @@ def main() -> None:
                 outcomes[name] = drive(lockstep)
                 best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
                 stats[name] = (counts["steps"], counts["rows"] / max(counts["steps"], 1) / args.batch)
-        if args.rollouts:
-            sandbox.close()
     if args.rollouts:
         turns = sum(len(o[3]) for o in outcomes["continuous"])
         print(f"{len(outcomes['continuous'])} RL rollouts ({args.envs} environments x {args.group}, sampled), batch "

@@ -132,13 +132,18 @@ def main() -> None:
     n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(ckpt).parameters())
     print(f"model: {ckpt} ({n_params / 1e6:.1f}M params), {len(dataset)} demos, batch {args.batch}, "
           f"{args.steps} steps, torch threads {torch.get_num_threads()}")
-    for name, (rate, tokens, runtime, flags) in best.items():
-        print(f"{name:13s} {rate:9.1f} tok/s  ({tokens} tokens in {runtime:.2f}s)  {flags}")
+    print_rates(best, 13)
     ratio = best["ours"][0] / best["trl_defaults"][0]
     print(f"speed-up ours / TRL defaults: {ratio:.1f}x")
     print(json.dumps({"ours_tok_s": round(best["ours"][0], 1), "trl_defaults_tok_s": round(best["trl_defaults"][0], 1),
                       "ratio": round(ratio, 2)}))
     tmp.cleanup()
+
+
+def print_rates(best: dict[str, tuple], width: int) -> None:
+    """One line per configuration: ``best[name]`` is (tokens/s, tokens, seconds, what else to say)."""
+    for name, (rate, tokens, runtime, extra) in best.items():
+        print(f"{name:{width}s} {rate:9.1f} tok/s  ({tokens} tokens in {runtime:.2f}s)  {extra}")
 
 
 def lake_demonstrations(lake: Path) -> list[dict]:
@@ -176,7 +181,7 @@ def mask_main(args: argparse.Namespace) -> None:
         dataset = sft.to_sft_dataset(demos)
         switch = sft._causal_attention
 
-        def run(unmasked: bool, steps: int) -> tuple[float, float, int, str]:
+        def run(unmasked: bool, steps: int) -> tuple[float, int, float, str]:
             sft._causal_attention = switch if unmasked else (lambda model: False)
             try:
                 res = sft.train_sft(ckpt, dataset, Path(tmp) / "out", sft.SFTSettings(
@@ -184,7 +189,7 @@ def mask_main(args: argparse.Namespace) -> None:
             finally:
                 sft._causal_attention = switch
             digest = hashlib.sha256((res.checkpoint / "model.safetensors").read_bytes()).hexdigest()
-            return res.tokens_per_second, res.train_runtime_s, res.train_tokens, digest
+            return res.tokens_per_second, res.train_tokens, res.train_runtime_s, f"weights {digest[:12]}"
 
         run(True, 1)  # warm-up (first-use kernel selection, dataset preparation)
         best: dict[str, tuple] = {}
@@ -198,8 +203,7 @@ def mask_main(args: argparse.Namespace) -> None:
                     best[name] = res
     print(f"student: {ckpt}, {len(dataset)} demonstrations{' of ' + str(args.lake) if args.lake else ''}, "
           f"batch {args.batch}, {args.steps} steps, torch threads {torch.get_num_threads()}")
-    for name, (rate, runtime, tokens, digest) in best.items():
-        print(f"{name:21s} {rate:9.1f} tok/s  ({tokens} tokens in {runtime:.2f}s)  weights {digest[:12]}")
+    print_rates(best, 21)
     ratio = best["mask left out"][0] / best["mask kept (baseline)"][0]
     print(f"speed-up without the mask: {ratio:.2f}x")
     print(f"the same weights both ways: {len(set(digests.values())) == 1}")
